@@ -1,0 +1,78 @@
+# torchrl-seqrl: every set-up step lives here, so a fresh clone needs nothing
+# but Python 3.11 and the registries. Target names are a contract: CI and
+# other tooling call them.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+FORK := $(PY) tools/fork.py
+REQS := $(wildcard requirements/*.txt)
+OVERLAY := $(shell find torchrl -type f ! -path '*/__pycache__/*' 2>/dev/null)
+# Our own Python files, held to upstream's lint bar.
+OWN_PY = $(shell git ls-files --cached --others --exclude-standard -- '*.py')
+
+.PHONY: install dev demo test pytest lint check docs bench upstream-diff \
+	sync export wheel clean
+
+# The virtual environment with the pins (requirements/*.txt, UPSTREAM.toml).
+$(VENV)/.deps: $(REQS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q $(foreach r,$(REQS),-r $(r))
+	touch $@
+
+# The fork's wheel, installed; rebuilt only when the overlay or tool changed.
+$(VENV)/.installed: $(VENV)/.deps $(OVERLAY) UPSTREAM.toml tools/fork.py setup.py pyproject.toml
+	$(PIP) install -q --no-build-isolation --no-deps --force-reinstall .
+	rm -f $(VENV)/.dev
+	touch $@
+
+install: $(VENV)/.installed
+
+# Editable: the venv imports build/fork directly (edit there, then `make export`).
+dev: $(VENV)/.deps build/fork
+	$(PIP) install -q --no-deps --force-reinstall "$$($(FORK) wheel --editable)"
+	rm -f $(VENV)/.installed
+	touch $(VENV)/.dev
+
+build/fork: $(VENV)/.deps
+	$(FORK) sync
+
+sync: $(VENV)/.deps
+	$(FORK) sync
+
+export: $(VENV)/.deps
+	$(FORK) export
+
+check: $(VENV)/.deps
+	$(FORK) check
+
+wheel: $(VENV)/.deps
+	$(FORK) wheel
+
+upstream-diff: $(VENV)/.deps
+	@$(FORK) upstream-diff
+
+# Patched upstream modules (as they are in build/fork) and all our own files.
+lint: $(VENV)/.deps build/fork
+	$(VENV)/bin/ufmt check $(PATCHED_PY) $(OWN_PY)
+	$(VENV)/bin/flake8 $(PATCHED_PY) $(OWN_PY)
+
+PATCHED_PY = $(patsubst %.patch,build/fork/%,$(filter %.py.patch,$(OVERLAY)))
+
+pytest:
+	$(PY) -m pytest -n auto -q
+
+test: install build/fork
+	$(MAKE) --no-print-directory check lint pytest
+
+demo: install
+	$(PY) examples/seqrl_smoke.py
+
+docs:
+	@echo "docs: the documentation site lands with issue 5"
+
+bench: install build/fork
+	@echo "bench: no benchmark yet"
+
+clean:
+	rm -rf build dist $(VENV)
