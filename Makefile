@@ -71,8 +71,10 @@ demo: install
 docs:
 	@echo "docs: the documentation site lands with issue 5"
 
+# Each benchmark prints pristine and fork side by side, measured in one run.
 bench: install build/fork
-	@echo "bench: no benchmark yet"
+	@for b in $(sort $(wildcard benchmarks/[!_]*.py)); do \
+		echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf build dist $(VENV)
