@@ -72,6 +72,7 @@ GIT_ENV = {
 UPSTREAM_DIRS = ("test", "docs/source", "examples", "tutorials", "benchmarks")
 FORK_ONLY = ("docs/source/conf.py", "docs/source/index.rst")
 FIXED_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+CACHE_ENV = "TORCHRL_SEQRL_CACHE"
 
 
 class ForkError(Exception):
@@ -190,7 +191,8 @@ class Fork:
         if not pins_file.is_file():
             raise ForkError(f"{pins_file} is missing: it pins the upstream release")
         self.pins = tomllib.loads(pins_file.read_text())
-        self.cache = self.build / "cache"
+        # Downloads and compiled extensions; shareable between clones.
+        self.cache = Path(os.environ.get(CACHE_ENV, self.build / "cache"))
         self.upstream = self.build / "upstream"
         self.fork = self.build / "fork"
         self.manifest = self.build / "fork-manifest.json"
@@ -375,7 +377,7 @@ class Fork:
         self.ensure_upstream()
         self.materialize(self.fork)
         self.manifest.write_text(json.dumps(self._snapshot(self.fork), indent=1))
-        if extension:
+        if extension and self.has_extension():
             so = self.extension()
             for tree in (self.upstream, self.fork):
                 shutil.copyfile(so, tree / PACKAGE / so.name)
@@ -483,6 +485,11 @@ class Fork:
         return problems
 
     # ------------------------------------------------------------ extension
+    def has_extension(self) -> bool:
+        """Whether the pinned wheel ships the C++ extension's sources."""
+        with zipfile.ZipFile(self.pristine_wheel()) as zf:
+            return any(n.startswith(f"{PACKAGE}/csrc/") for n in zf.namelist())
+
     def extension(self) -> Path:
         """Compiles ``torchrl._torchrl`` against the installed torch, cached."""
         import torch  # the build needs torch; import late so other verbs do not
@@ -498,7 +505,7 @@ class Fork:
             f"{name}:{sha256_bytes(data)}" for name, data in sorted(sources.items())
         ]
         key = sha256_bytes("\n".join(key_parts).encode())[:16]
-        out_dir = self.build / "ext" / key
+        out_dir = self.cache / "ext" / key
         so = out_dir / f"_torchrl{sysconfig.get_config_var('EXT_SUFFIX')}"
         if so.is_file():
             return so
@@ -597,7 +604,6 @@ class Fork:
                     str(self.fork.resolve()) + "\n"
                 ).encode()
             else:
-                so = self.extension()
                 with tempfile.TemporaryDirectory() as tmp:
                     tree = self.materialize(Path(tmp) / "fork")
                     for info in zf.infolist():
@@ -608,7 +614,7 @@ class Fork:
                         if name.startswith(f"{PACKAGE}/_torchrl") and name.endswith(
                             ".so"
                         ):
-                            files[name] = so.read_bytes()
+                            files[name] = self.extension().read_bytes()
                         elif name.startswith(PACKAGE + "/"):
                             files[name] = (tree / name).read_bytes()
                         else:
