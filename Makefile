@@ -34,7 +34,7 @@ dev: $(VENV)/.deps build/fork
 	rm -f $(VENV)/.installed
 	touch $(VENV)/.dev
 
-build/fork: $(VENV)/.deps
+build/fork: | $(VENV)/.deps
 	$(FORK) sync
 
 sync: $(VENV)/.deps
