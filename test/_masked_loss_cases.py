@@ -1,0 +1,256 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""Loss modules and batches shared by the masked-loss tests.
+
+Also runnable as a script (``python _masked_loss_cases.py OUT``): it computes
+every covered loss on unmasked batches with fixed seeds and saves the loss
+values and gradients to ``OUT``, so that the test can compare the fork against
+pristine upstream (run with ``PYTHONPATH=build/upstream``) bit for bit.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+from tensordict import TensorDict
+from tensordict.nn import NormalParamExtractor, TensorDictModule
+from torch import nn
+
+OBS = 3
+ACT = 2
+N_DISCRETE = 4
+MASK_KEY = ("collector", "mask")
+
+
+def _mlp(i, o):
+    return nn.Sequential(nn.Linear(i, 8), nn.Tanh(), nn.Linear(8, o))
+
+
+def _gaussian_actor(tanh=False):
+    from torchrl.modules import IndependentNormal, ProbabilisticActor, TanhNormal
+
+    module = TensorDictModule(
+        nn.Sequential(_mlp(OBS, 2 * ACT), NormalParamExtractor()),
+        in_keys=["observation"],
+        out_keys=["loc", "scale"],
+    )
+    if tanh:
+        dist_class = TanhNormal
+        dist_kwargs = {}
+    else:
+        dist_class = IndependentNormal
+        dist_kwargs = {}
+    return ProbabilisticActor(
+        module,
+        in_keys=["loc", "scale"],
+        distribution_class=dist_class,
+        distribution_kwargs=dist_kwargs,
+        return_log_prob=True,
+        log_prob_key="action_log_prob",
+    )
+
+
+def _value():
+    from torchrl.modules import ValueOperator
+
+    return ValueOperator(_mlp(OBS, 1), in_keys=["observation"])
+
+
+def _qvalue():
+    from torchrl.modules import ValueOperator
+
+    class Q(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = _mlp(OBS + ACT, 1)
+
+        def forward(self, obs, act):
+            return self.net(torch.cat([obs, act], -1))
+
+    return ValueOperator(Q(), in_keys=["observation", "action"])
+
+
+def make_loss(name: str, **kwargs):
+    """Builds a covered loss with small networks (deterministic given the seed)."""
+    from torchrl import objectives
+    from torchrl.data import OneHot
+    from torchrl.modules import QValueActor
+
+    torch.manual_seed(0)
+    if name == "dqn":
+        actor = QValueActor(
+            _mlp(OBS, N_DISCRETE),
+            in_keys=["observation"],
+            spec=OneHot(N_DISCRETE),
+        )
+        return objectives.DQNLoss(actor, action_space="one-hot", delay_value=True)
+    if name in ("a2c", "ppo", "clipppo", "klpenppo", "reinforce"):
+        cls = {
+            "a2c": objectives.A2CLoss,
+            "ppo": objectives.PPOLoss,
+            "clipppo": objectives.ClipPPOLoss,
+            "klpenppo": objectives.KLPENPPOLoss,
+            "reinforce": objectives.ReinforceLoss,
+        }[name]
+        actor = _gaussian_actor()
+        value = _value()
+        if name == "reinforce":
+            loss = cls(actor, value, **kwargs)
+        else:
+            loss = cls(actor, value, **kwargs)
+        return loss
+    if name in ("sac", "cql", "iql"):
+        actor = _gaussian_actor(tanh=True)
+        q = _qvalue()
+        if name == "sac":
+            return objectives.SACLoss(actor, q, num_qvalue_nets=2, **kwargs)
+        if name == "cql":
+            return objectives.CQLLoss(actor, q, num_qvalue_nets=2, **kwargs)
+        return objectives.IQLLoss(actor, q, _value(), num_qvalue_nets=2, **kwargs)
+    if name in ("td3", "ddpg"):
+        from torchrl.data import Bounded
+        from torchrl.modules import Actor
+
+        actor = Actor(
+            nn.Sequential(_mlp(OBS, ACT), nn.Tanh()),
+            in_keys=["observation"],
+            spec=Bounded(-1, 1, (ACT,)),
+        )
+        q = _qvalue()
+        if name == "td3":
+            return objectives.TD3Loss(
+                actor, q, action_spec=Bounded(-1, 1, (ACT,)), **kwargs
+            )
+        return objectives.DDPGLoss(actor, q, **kwargs)
+    raise ValueError(name)
+
+
+def make_batch(name: str, n: int, seed: int = 1) -> TensorDict:
+    """A batch of ``n`` real transitions with the keys loss ``name`` reads."""
+    g = torch.Generator().manual_seed(seed)
+    td = TensorDict(
+        {
+            "observation": torch.randn(n, OBS, generator=g),
+            "next": {
+                "observation": torch.randn(n, OBS, generator=g),
+                "reward": torch.randn(n, 1, generator=g),
+                "done": torch.zeros(n, 1, dtype=torch.bool),
+                "terminated": torch.zeros(n, 1, dtype=torch.bool),
+                "truncated": torch.zeros(n, 1, dtype=torch.bool),
+            },
+        },
+        batch_size=[n],
+    )
+    if name == "dqn":
+        idx = torch.randint(N_DISCRETE, (n,), generator=g)
+        td["action"] = torch.nn.functional.one_hot(idx, N_DISCRETE)
+    else:
+        td["action"] = torch.rand(n, ACT, generator=g) * 1.8 - 0.9
+    if name in ("a2c", "ppo", "clipppo", "klpenppo", "reinforce"):
+        td["action_log_prob"] = torch.randn(n, generator=g) - 2.0
+    if name == "klpenppo":
+        td["loc"] = torch.randn(n, ACT, generator=g)
+        td["scale"] = torch.rand(n, ACT, generator=g) + 0.5
+    return td
+
+
+def slice_batches(
+    name: str,
+    lengths,
+    pad_to: int,
+    seed: int = 1,
+    garbage: str | None = None,
+    weights: bool = False,
+    prepare=None,
+):
+    """A ragged batch of slices and its padded twin.
+
+    The ragged batch concatenates slices of the given ``lengths`` (the truncation
+    marker on the last step of each slice, as ``SliceSampler`` writes it). The
+    padded batch pads every slice to ``pad_to`` steps in the layout of
+    ``SliceSampler(pad_output=True)``: padded rows repeat the slice's last real
+    step and ``("collector", "mask")`` is ``False`` on them. ``garbage`` then
+    overwrites the padded rows' content: ``"zeros"`` (like ``split_trajs``),
+    ``"huge"`` (extreme finite values) or ``"random"``. ``prepare``, if given,
+    is called on the ragged batch before it is padded (to add entries).
+    """
+    lengths = list(lengths)
+    real = make_batch(name, sum(lengths), seed)
+    ends = torch.tensor(lengths).cumsum(0) - 1
+    real["next", "truncated"][ends] = True
+    real["next", "done"][ends] = True
+    if weights:
+        g = torch.Generator().manual_seed(seed + 1)
+        real["priority_weight"] = torch.rand(sum(lengths), generator=g) + 0.5
+    if prepare is not None:
+        prepare(real)
+    idx, mask = [], []
+    start = 0
+    for length in lengths:
+        idx += list(range(start, start + length))
+        idx += [start + length - 1] * (pad_to - length)
+        mask += [True] * length + [False] * (pad_to - length)
+        start += length
+    padded = real[torch.tensor(idx)]
+    mask = torch.tensor(mask)
+    if garbage is not None:
+        padded = fill_garbage(padded, mask, garbage, seed)
+    padded.set(MASK_KEY, mask)
+    return real, padded
+
+
+def fill_garbage(td, mask, kind, seed=0):
+    """Overwrites the rows where ``mask`` is ``False`` with finite garbage."""
+    g = torch.Generator().manual_seed(seed + 7)
+    td = td.clone()
+    pad = ~mask
+    n_pad = int(pad.sum())
+    for _, value in td.items(True, True):
+        shape = (n_pad,) + value.shape[1:]
+        if value.dtype == torch.bool:
+            new = torch.randint(2, shape, generator=g).bool()
+        elif not value.dtype.is_floating_point:
+            new = torch.randint(3, shape, generator=g).to(value.dtype)
+        elif kind == "zeros":
+            new = torch.zeros(shape)
+        elif kind == "huge":
+            sign = torch.randint(2, shape, generator=g) * 2 - 1
+            new = sign * torch.full(shape, 1e30)
+        else:
+            new = torch.randn(shape, generator=g) * 1e3
+        value[pad] = new.to(value.dtype)
+    return td
+
+
+def loss_and_grads(loss_module, td, reduction_keys=None):
+    """Sums the ``loss_*`` entries, back-propagates and returns values and grads."""
+    out = loss_module(td.clone())
+    keys = [k for k in out.keys() if k.startswith("loss")]
+    if reduction_keys is not None:
+        keys = [k for k in keys if k in reduction_keys]
+    total = sum(out[k].sum() for k in keys)
+    params = [p for p in loss_module.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(total, params, allow_unused=True)
+    grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params)]
+    return {k: out[k].detach() for k in keys}, grads
+
+
+COVERED = ["dqn", "a2c", "ppo", "clipppo", "klpenppo", "reinforce"]
+
+
+def _reference(path):
+    results = {}
+    for name in COVERED:
+        for reduction in ("mean", "sum", "none"):
+            loss = make_loss(name, reduction=reduction)
+            td = make_batch(name, 10)
+            torch.manual_seed(2)
+            values, grads = loss_and_grads(loss, td)
+            results[(name, reduction)] = (values, grads)
+    torch.save(results, path)
+
+
+if __name__ == "__main__":
+    _reference(sys.argv[1])

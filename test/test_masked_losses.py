@@ -1,0 +1,335 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""Loss modules honour the padding mask at ``("collector", "mask")`` (issue 6)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from _masked_loss_cases import (
+    COVERED,
+    fill_garbage,
+    loss_and_grads,
+    make_batch,
+    make_loss,
+    MASK_KEY,
+    slice_batches,
+)
+from hypothesis import given, settings, strategies as st
+
+pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
+
+ROOT = Path(__file__).resolve().parents[1]
+LENGTHS = (3, 5, 2)
+PAD_TO = 6
+WEIGHTED = [name for name in COVERED if name in ("dqn", "sac", "td3", "ddpg")]
+GARBAGE = [None, "zeros", "huge", "random"]
+
+
+def _compare(name, reduction, real, padded, **loss_kwargs):
+    torch.manual_seed(3)
+    expected, expected_grads = loss_and_grads(
+        make_loss(name, reduction=reduction, **loss_kwargs), real
+    )
+    torch.manual_seed(3)
+    got, got_grads = loss_and_grads(
+        make_loss(name, reduction=reduction, **loss_kwargs), padded
+    )
+    assert set(got) == set(expected)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got_grads, expected_grads)
+    for grad in got_grads:
+        assert grad.isfinite().all()
+
+
+class TestPaddedEqualsUnpadded:
+    """Loss and gradients on a padded batch equal those on the ragged batch."""
+
+    @pytest.mark.parametrize("garbage", GARBAGE)
+    @pytest.mark.parametrize("reduction", ["mean", "sum"])
+    @pytest.mark.parametrize("name", COVERED)
+    def test_loss_and_grads(self, name, reduction, garbage):
+        real, padded = slice_batches(name, LENGTHS, PAD_TO, garbage=garbage)
+        _compare(name, reduction, real, padded)
+
+    @pytest.mark.parametrize("reduction", ["mean", "sum"])
+    @pytest.mark.parametrize("name", WEIGHTED)
+    def test_importance_weights(self, name, reduction):
+        real, padded = slice_batches(
+            name, LENGTHS, PAD_TO, garbage="huge", weights=True
+        )
+        _compare(name, reduction, real, padded)
+        # the weights do change the loss: the test above is not vacuous
+        torch.manual_seed(3)
+        unweighted, _ = loss_and_grads(
+            make_loss(name, reduction=reduction), real.exclude("priority_weight")
+        )
+        torch.manual_seed(3)
+        weighted, _ = loss_and_grads(make_loss(name, reduction=reduction), real)
+        assert any(not torch.allclose(weighted[k], unweighted[k]) for k in weighted)
+
+    @pytest.mark.parametrize("name", COVERED)
+    def test_padded_content_never_matters(self, name):
+        _, padded = slice_batches(name, LENGTHS, PAD_TO)
+        mask = padded.get(MASK_KEY)
+        results = []
+        for kind in ("zeros", "huge", "random"):
+            td = fill_garbage(padded, mask, kind)
+            td.set(MASK_KEY, mask)
+            torch.manual_seed(3)
+            results.append(loss_and_grads(make_loss(name), td))
+        for other in results[1:]:
+            torch.testing.assert_close(other, results[0])
+
+    @pytest.mark.parametrize("name", COVERED)
+    def test_without_mask_padded_rows_count(self, name):
+        # the control: the same padded batch without its mask gives another
+        # loss, so the comparisons above can fail
+        real, padded = slice_batches(name, LENGTHS, PAD_TO, garbage="random")
+        torch.manual_seed(3)
+        expected, _ = loss_and_grads(make_loss(name), real)
+        torch.manual_seed(3)
+        got, _ = loss_and_grads(make_loss(name), padded.exclude(MASK_KEY))
+        assert any(not torch.allclose(got[k], expected[k]) for k in expected)
+
+    @pytest.mark.parametrize("name", COVERED)
+    def test_split_trajs_layout(self, name):
+        # a [B, T] batch with a [B, T] mask, zeros after each trajectory
+        real, padded = slice_batches(name, LENGTHS, PAD_TO, garbage="zeros")
+        padded = padded.reshape(len(LENGTHS), PAD_TO)
+        _compare(name, "mean", real, padded)
+
+    @pytest.mark.parametrize("name", COVERED)
+    def test_reduction_none_keeps_rows(self, name):
+        real, padded = slice_batches(name, LENGTHS, PAD_TO)
+        mask = padded.get(MASK_KEY)
+        torch.manual_seed(3)
+        expected, _ = loss_and_grads(make_loss(name, reduction="none"), real)
+        torch.manual_seed(3)
+        got, _ = loss_and_grads(make_loss(name, reduction="none"), padded)
+        for key, value in got.items():
+            if value.ndim == 0:
+                continue
+            assert value.shape[: mask.ndim] == mask.shape, key
+            torch.testing.assert_close(value[mask], expected[key])
+
+    @settings(max_examples=10, deadline=None)
+    @given(
+        lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+        extra=st.integers(0, 3),
+        garbage=st.sampled_from(GARBAGE),
+        name=st.sampled_from(["clipppo", "a2c", "dqn"]),
+    )
+    def test_any_padding(self, lengths, extra, garbage, name):
+        real, padded = slice_batches(
+            name, lengths, max(lengths) + extra, garbage=garbage
+        )
+        _compare(name, "mean", real, padded)
+
+
+class TestMaskKey:
+    @pytest.mark.parametrize("name", COVERED)
+    def test_default_key(self, name):
+        assert make_loss(name).tensor_keys.mask == ("collector", "mask")
+
+    @pytest.mark.parametrize("name", COVERED)
+    def test_set_keys(self, name):
+        real, padded = slice_batches(name, LENGTHS, PAD_TO, garbage="random")
+        mask = padded.get(MASK_KEY)
+        moved = padded.exclude(MASK_KEY).set("valid", mask)
+        loss = make_loss(name)
+        loss.set_keys(mask="valid")
+        assert loss.tensor_keys.mask == "valid"
+        torch.manual_seed(3)
+        got = loss_and_grads(loss, moved)
+        torch.manual_seed(3)
+        expected = loss_and_grads(make_loss(name), real)
+        torch.testing.assert_close(got, expected)
+        # the default key is no longer read
+        loss = make_loss(name)
+        loss.set_keys(mask="valid")
+        torch.manual_seed(3)
+        ignored = loss_and_grads(loss, padded)
+        torch.manual_seed(3)
+        unmasked = loss_and_grads(make_loss(name), padded.exclude(MASK_KEY))
+        torch.testing.assert_close(ignored, unmasked)
+
+    @pytest.mark.parametrize("name", COVERED)
+    def test_wrong_shape(self, name):
+        _, padded = slice_batches(name, LENGTHS, PAD_TO)
+        n = padded.shape[0]
+        padded.get("collector").set("mask", torch.ones(n, 1, dtype=torch.bool))
+        with pytest.raises(
+            ValueError, match=r"'collector', 'mask'.*\(18, 1\).*\(18,\)"
+        ):
+            make_loss(name)(padded)
+
+    @pytest.mark.parametrize("name", COVERED)
+    def test_wrong_dtype(self, name):
+        _, padded = slice_batches(name, LENGTHS, PAD_TO)
+        padded.set(MASK_KEY, padded.get(MASK_KEY).float())
+        with pytest.raises(ValueError, match=r"'collector', 'mask'.*boolean"):
+            make_loss(name)(padded)
+
+    @pytest.mark.parametrize("name", COVERED)
+    def test_all_padded(self, name):
+        _, padded = slice_batches(name, LENGTHS, PAD_TO)
+        padded.set(MASK_KEY, torch.zeros(padded.shape, dtype=torch.bool))
+        with pytest.raises(
+            ValueError, match=r"'collector', 'mask'.*False on every row"
+        ):
+            make_loss(name)(padded)
+
+    @pytest.mark.parametrize("name", COVERED)
+    def test_all_true_mask_is_unmasked(self, name):
+        real, _ = slice_batches(name, LENGTHS, PAD_TO)
+        masked = real.clone().set(MASK_KEY, torch.ones(real.shape, dtype=torch.bool))
+        torch.manual_seed(3)
+        got = loss_and_grads(make_loss(name), masked)
+        torch.manual_seed(3)
+        expected = loss_and_grads(make_loss(name), real)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+    def test_no_warning(self):
+        _, padded = slice_batches("ppo", LENGTHS, PAD_TO)
+        loss = make_loss("ppo")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            loss(padded)
+
+
+class TestPerRowShapes:
+    """Fixes of per-row terms that broadcast across rows in 0.12.0."""
+
+    def _with_advantage(self, name, n=7):
+        td = make_batch(name, n)
+        g = torch.Generator().manual_seed(5)
+        td["advantage"] = torch.randn(n, 1, generator=g)
+        td["value_target"] = torch.randn(n, 1, generator=g)
+        return td
+
+    @pytest.mark.parametrize("name", ["a2c", "ppo", "clipppo", "klpenppo"])
+    def test_advantage_without_trailing_dim(self, name):
+        td = self._with_advantage(name)
+        flat = td.clone().set("advantage", td["advantage"].squeeze(-1))
+        expected = loss_and_grads(make_loss(name, reduction="none"), td)
+        got = loss_and_grads(make_loss(name, reduction="none"), flat)
+        assert got[0]["loss_objective"].shape == (7,)
+        torch.testing.assert_close(got, expected)
+
+    @pytest.mark.parametrize("name", ["ppo", "clipppo", "klpenppo"])
+    def test_log_prob_with_trailing_dim(self, name):
+        # stored as [N, 1] next to the [N] log-prob of the current policy:
+        # 0.12.0 broadcasts the ratio into [N, N, 1]
+        td = self._with_advantage(name)
+        column = td.clone().set("action_log_prob", td["action_log_prob"].unsqueeze(-1))
+        expected = loss_and_grads(make_loss(name, reduction="none"), td)
+        got = loss_and_grads(make_loss(name, reduction="none"), column)
+        assert got[0]["loss_objective"].shape == (7,)
+        torch.testing.assert_close(got, expected)
+
+
+class TestAdaptiveTerms:
+    """Statistics over the batch only see the real rows."""
+
+    @pytest.mark.parametrize("garbage", ["huge", "random"])
+    def test_klpen_beta(self, garbage):
+        real, padded = slice_batches("klpenppo", LENGTHS, PAD_TO, garbage=garbage)
+        betas = []
+        for td in (real, padded):
+            # the real rows' KL (about 1.88) is within [dtarg / 1.5, dtarg * 1.5]
+            loss = make_loss("klpenppo", dtarg=1.9)
+            loss(td)
+            loss(td)
+            betas.append(loss.beta.clone())
+        torch.testing.assert_close(betas[1], betas[0])
+        assert betas[0] == 1.0
+        _, control = slice_batches("klpenppo", LENGTHS, PAD_TO, garbage="random")
+        loss = make_loss("klpenppo", dtarg=1.9)
+        loss(control.exclude(MASK_KEY))
+        # control: the padded rows' KL would move beta
+        assert loss.beta > 1.0
+
+    @pytest.mark.parametrize("name", ["ppo", "clipppo", "klpenppo"])
+    def test_normalized_advantage(self, name):
+        real, padded = slice_batches(name, LENGTHS, PAD_TO, garbage="random")
+        _compare(name, "mean", real, padded, normalize_advantage=True)
+
+    def test_normalized_advantage_exclude_dims(self):
+        _, padded = slice_batches("ppo", LENGTHS, PAD_TO)
+        loss = make_loss(
+            "ppo", normalize_advantage=True, normalize_advantage_exclude_dims=(-1,)
+        )
+        with pytest.raises(ValueError, match="normalize_advantage_exclude_dims"):
+            loss(padded)
+
+    @pytest.mark.parametrize("name", ["ppo", "clipppo", "a2c", "reinforce"])
+    def test_logged_statistics(self, name):
+        kwargs = {"clip_value": 0.1}
+        if name in ("ppo", "clipppo"):
+            kwargs["log_explained_variance"] = True
+
+        def add_value(td):
+            g = torch.Generator().manual_seed(11)
+            for key in ("state_value", "advantage", "value_target"):
+                td[key] = torch.randn(td.shape + (1,), generator=g)
+
+        td, padded_td = slice_batches(
+            name, LENGTHS, PAD_TO, garbage="huge", prepare=add_value
+        )
+        torch.manual_seed(3)
+        expected = make_loss(name, **kwargs)(td)
+        torch.manual_seed(3)
+        got = make_loss(name, **kwargs)(padded_td)
+        for key in expected.keys():
+            torch.testing.assert_close(got[key], expected[key], msg=key)
+
+
+def _run_reference(pythonpath, out):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(pythonpath)
+    env["PYTHONWARNINGS"] = "ignore"
+    subprocess.run(
+        [sys.executable, str(ROOT / "test" / "_masked_loss_cases.py"), str(out)],
+        env=env,
+        check=True,
+        cwd=str(ROOT),
+    )
+    return torch.load(out)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    upstream = ROOT / "build" / "upstream"
+    fork = ROOT / "build" / "fork"
+    if not (upstream / "torchrl").is_dir() or not (fork / "torchrl").is_dir():
+        pytest.skip("build/upstream and build/fork are laid out by tools/fork.py sync")
+    tmp = tmp_path_factory.mktemp("masked_loss_reference")
+    return (
+        _run_reference(upstream, tmp / "upstream.pt"),
+        _run_reference(fork, tmp / "fork.pt"),
+    )
+
+
+class TestUnmaskedUnchanged:
+    """Without a mask, every covered loss matches pristine 0.12.0 bit for bit."""
+
+    @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+    @pytest.mark.parametrize("name", COVERED)
+    def test_matches_pristine(self, references, name, reduction):
+        upstream, fork = references
+        expected_values, expected_grads = upstream[(name, reduction)]
+        values, grads = fork[(name, reduction)]
+        assert set(values) == set(expected_values)
+        for key in values:
+            assert torch.equal(values[key], expected_values[key]), key
+        assert len(grads) == len(expected_grads)
+        for grad, expected in zip(grads, expected_grads):
+            assert torch.equal(grad, expected)

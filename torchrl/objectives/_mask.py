@@ -1,0 +1,220 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""Mask-aware reduction shared by the loss modules and value estimators.
+
+A batch sampled with ``SliceSampler(pad_output=True)`` (or split with
+``split_trajs=True``) carries a boolean mask, by default at
+``("collector", "mask")``, that is ``True`` on real rows and ``False`` on
+padded ones. The helpers below make a loss honour it:
+
+* :func:`_get_mask` reads and validates the mask;
+* :func:`_fill_padded` replaces the content of every padded row by a copy of
+  the closest preceding real row, so that nothing computed on a padded row can
+  overflow, produce ``NaN`` or back-propagate a non-finite gradient, whatever
+  the padded rows hold;
+* :func:`_masked_reduce` and :func:`_masked_mean` reduce over the real rows
+  only.
+"""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+
+from torchrl.objectives.utils import _reduce
+
+#: The key where losses and value estimators look for the padding mask by
+#: default. Change it per loss with ``loss.set_keys(mask=...)``.
+DEFAULT_MASK_KEY: NestedKey = ("collector", "mask")
+
+
+def _get_mask(tensordict: TensorDictBase, key: NestedKey) -> torch.Tensor | None:
+    """Reads and validates the padding mask of a batch.
+
+    Args:
+        tensordict (TensorDictBase): the input batch.
+        key (NestedKey): the key of the mask.
+
+    Returns:
+        the boolean mask (of shape ``tensordict.batch_size``), or ``None`` if the
+        batch holds no entry at ``key``.
+
+    Raises:
+        ValueError: if the entry is not a boolean tensor or if its shape differs
+            from the batch size.
+    """
+    if key is None:
+        return None
+    mask = tensordict.get(key, None)
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise ValueError(
+            f"The padding mask at key {key!r} must be a boolean tensor that is "
+            f"True on real rows, got {type(mask).__name__} with dtype "
+            f"{getattr(mask, 'dtype', None)}. Store a torch.bool tensor there, or "
+            f"point the loss at another key with loss.set_keys(mask=...)."
+        )
+    batch_size = tensordict.batch_size
+    if mask.shape != batch_size:
+        raise ValueError(
+            f"The padding mask at key {key!r} has shape {tuple(mask.shape)}, but "
+            f"the batch it masks has shape {tuple(batch_size)}. The mask must "
+            f"hold exactly one boolean per batch row (True on real rows): reshape "
+            f"it to {tuple(batch_size)}, or point the loss at another key with "
+            f"loss.set_keys(mask=...)."
+        )
+    return mask
+
+
+def _fill_padded(
+    tensordict: TensorDictBase, mask: torch.Tensor | None, key: NestedKey = None
+) -> tuple[TensorDictBase, torch.Tensor | None]:
+    """Replaces the content of the padded rows by copies of real rows.
+
+    Every padded row takes the content of the closest real row that precedes it
+    in the flattened batch (or of the first real row if none precedes it). With
+    ``SliceSampler(pad_output=True)`` batches this is the identity, since padded
+    rows already repeat the last real step of their slice; with
+    ``split_trajs=True`` batches the zeros of the padding become copies of the
+    last real step. Either way the padded rows hold values a network has seen,
+    so no term computed on them can overflow or produce a ``NaN`` that
+    back-propagates into the parameters, and a padded row's original content
+    can never reach the loss.
+
+    Args:
+        tensordict (TensorDictBase): the input batch.
+        mask (torch.Tensor or None): the padding mask, as returned by
+            :func:`_get_mask`.
+        key (NestedKey, optional): the mask key, used in error messages.
+
+    Returns:
+        a ``(tensordict, mask)`` pair. If ``mask`` is ``None`` or has no
+        ``False`` entry, the input tensordict is returned as-is with a ``None``
+        mask, so the unmasked code path (and its results, bit for bit) is kept.
+        Otherwise a new tensordict is returned along with the mask.
+
+    Raises:
+        ValueError: if the mask has no ``True`` entry.
+    """
+    if mask is None:
+        return tensordict, None
+    flat = mask.reshape(-1)
+    if bool(flat.all()):
+        return tensordict, None
+    if not bool(flat.any()):
+        raise ValueError(
+            f"The padding mask at key {key!r} is False on every row of the batch "
+            f"(shape {tuple(mask.shape)}): there is no real step to compute a "
+            f"loss on. Drop empty batches before calling the loss."
+        )
+    arange = torch.arange(flat.numel(), device=flat.device)
+    src = torch.where(flat, arange, -1).cummax(0).values
+    first = flat.to(torch.uint8).argmax()
+    src = torch.where(src < 0, first, src)
+    batch_size = tensordict.batch_size
+    if len(batch_size) == 1:
+        filled = tensordict[src]
+    else:
+        filled = tensordict.reshape(-1)[src].reshape(batch_size)
+    if key is not None:
+        # the copied rows carried their own (True) mask entry: restore the mask
+        filled.set(key, mask)
+    return filled, mask
+
+
+def _expand_mask(mask: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """Adds trailing singleton dims to ``mask`` so it broadcasts against ``tensor``."""
+    if tensor.shape[: mask.ndim] != mask.shape:
+        raise ValueError(
+            f"A per-row loss term of shape {tuple(tensor.shape)} does not start "
+            f"with the batch shape {tuple(mask.shape)} of the padding mask, so "
+            f"the mask cannot select its rows."
+        )
+    return mask.reshape(mask.shape + (1,) * (tensor.ndim - mask.ndim))
+
+
+def _masked_reduce(
+    tensor: torch.Tensor,
+    reduction: str,
+    mask: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reduces a per-row loss over the real rows only.
+
+    Args:
+        tensor (torch.Tensor): the per-row loss, whose leading dims are the
+            batch dims.
+        reduction (str): ``"mean"``, ``"sum"`` or ``"none"``.
+        mask (torch.Tensor, optional): the padding mask. ``None`` means every row
+            is real and :func:`~torchrl.objectives.utils._reduce` is called.
+        weights (torch.Tensor, optional): importance weights, one per row.
+
+    Returns:
+        with ``"mean"``, the (weighted) average over the real rows; with
+        ``"sum"``, their (weighted) sum; with ``"none"``, the per-row values with
+        the batch shape kept (padded rows included) so the caller still has
+        everything.
+    """
+    if mask is None or reduction == "none":
+        return _reduce(tensor, reduction=reduction, weights=weights)
+    _expand_mask(mask, tensor)
+    tensor = tensor[mask]
+    if weights is not None:
+        weights = weights[mask]
+    return _reduce(tensor, reduction=reduction, weights=weights)
+
+
+def _masked_mean(tensor: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Averages a per-row statistic over the real rows (plain ``mean()`` without mask)."""
+    if mask is None:
+        return tensor.mean()
+    _expand_mask(mask, tensor)
+    return tensor[mask].mean()
+
+
+def _select_rows(tensor: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Keeps the real rows of a per-row tensor (the tensor itself without mask)."""
+    if mask is None:
+        return tensor
+    _expand_mask(mask, tensor)
+    return tensor[mask]
+
+
+def _align_rows(
+    tensor: torch.Tensor, other: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drops a trailing singleton dim that only one of two per-row tensors has.
+
+    A log-probability stored as ``[N, 1]`` next to a computed one of shape
+    ``[N]`` would otherwise broadcast into ``[N, N]`` and let every row's loss
+    mix with every other row's.
+    """
+    if not isinstance(tensor, torch.Tensor) or not isinstance(other, torch.Tensor):
+        return tensor, other
+    if other.ndim == tensor.ndim + 1 and other.shape[-1] == 1:
+        if other.shape[:-1] == tensor.shape:
+            other = other.squeeze(-1)
+    elif tensor.ndim == other.ndim + 1 and tensor.shape[-1] == 1:
+        if tensor.shape[:-1] == other.shape:
+            tensor = tensor.squeeze(-1)
+    return tensor, other
+
+
+def _row_aligned(
+    tensor: torch.Tensor, batch_shape: torch.Size, name: str = "tensor"
+) -> torch.Tensor:
+    """Gives a per-row tensor the ``batch_shape + (1,)`` layout losses reduce.
+
+    A stored log-probability or advantage of shape ``[N]`` next to a computed
+    one of shape ``[N, 1]`` would otherwise broadcast into ``[N, N]`` and let
+    every row's loss mix with every other row's.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    batch_shape = torch.Size(batch_shape)
+    if tensor.shape == batch_shape:
+        return tensor.unsqueeze(-1)
+    return tensor
