@@ -28,8 +28,39 @@ def _mlp(i, o):
     return nn.Sequential(nn.Linear(i, 8), nn.Tanh(), nn.Linear(8, o))
 
 
+def _row_noise(loc, sample_shape):
+    # noise that depends on the row's content only, not on the number of
+    # rows: a padded batch and its ragged twin draw the same noise per row
+    k = torch.arange(1, int(torch.Size(sample_shape).numel()) + 1, dtype=loc.dtype)
+    k = k.reshape(tuple(sample_shape) + (1,) * loc.ndim)
+    return torch.sin(loc.detach() * 12.9898 + 78.233 * k)
+
+
+def _row_noise_tanh_normal():
+    from torchrl.modules import TanhNormal
+
+    class RowNoiseTanhNormal(TanhNormal):
+        """A TanhNormal whose reparametrised noise is a function of each row."""
+
+        def rsample(self, sample_shape=()):
+            sample_shape = torch.Size(sample_shape)
+            eps = _row_noise(self.loc, sample_shape)
+            if not len(sample_shape):
+                eps = eps.squeeze(0)
+            x = self.loc + self.scale * eps
+            for transform in self.transforms:
+                x = transform(x)
+            return x
+
+        def sample(self, sample_shape=()):
+            with torch.no_grad():
+                return self.rsample(sample_shape)
+
+    return RowNoiseTanhNormal
+
+
 def _gaussian_actor(tanh=False):
-    from torchrl.modules import IndependentNormal, ProbabilisticActor, TanhNormal
+    from torchrl.modules import IndependentNormal, ProbabilisticActor
 
     module = TensorDictModule(
         nn.Sequential(_mlp(OBS, 2 * ACT), NormalParamExtractor()),
@@ -37,7 +68,7 @@ def _gaussian_actor(tanh=False):
         out_keys=["loc", "scale"],
     )
     if tanh:
-        dist_class = TanhNormal
+        dist_class = _row_noise_tanh_normal()
         dist_kwargs = {}
     else:
         dist_class = IndependentNormal
@@ -105,7 +136,9 @@ def make_loss(name: str, **kwargs):
         actor = _gaussian_actor(tanh=True)
         q = _qvalue()
         if name == "sac":
-            return objectives.SACLoss(actor, q, num_qvalue_nets=2, **kwargs)
+            return objectives.SACLoss(
+                actor, q, num_qvalue_nets=2, target_entropy=-float(ACT), **kwargs
+            )
         if name == "cql":
             return objectives.CQLLoss(actor, q, num_qvalue_nets=2, **kwargs)
         return objectives.IQLLoss(actor, q, _value(), num_qvalue_nets=2, **kwargs)
@@ -120,6 +153,8 @@ def make_loss(name: str, **kwargs):
         )
         q = _qvalue()
         if name == "td3":
+            # no target-policy noise: it is drawn per row from the global RNG
+            kwargs.setdefault("policy_noise", 0.0)
             return objectives.TD3Loss(
                 actor, q, action_spec=Bounded(-1, 1, (ACT,)), **kwargs
             )
@@ -237,7 +272,18 @@ def loss_and_grads(loss_module, td, reduction_keys=None):
     return {k: out[k].detach() for k in keys}, grads
 
 
-COVERED = ["dqn", "a2c", "ppo", "clipppo", "klpenppo", "reinforce"]
+COVERED = [
+    "dqn",
+    "a2c",
+    "ppo",
+    "clipppo",
+    "klpenppo",
+    "reinforce",
+    "sac",
+    "td3",
+    "ddpg",
+    "iql",
+]
 
 
 def _reference(path):

@@ -69,6 +69,31 @@ def _get_mask(tensordict: TensorDictBase, key: NestedKey) -> torch.Tensor | None
     return mask
 
 
+def _active_mask(
+    mask: torch.Tensor | None, key: NestedKey = None
+) -> torch.Tensor | None:
+    """Returns ``mask`` if it marks at least one padded row, ``None`` otherwise.
+
+    Losses reduce with the plain, unmasked code path when no row is padded, so
+    an all-``True`` mask gives the unmasked result bit for bit.
+
+    Raises:
+        ValueError: if the mask has no ``True`` entry.
+    """
+    if mask is None:
+        return None
+    flat = mask.reshape(-1)
+    if bool(flat.all()):
+        return None
+    if not bool(flat.any()):
+        raise ValueError(
+            f"The padding mask at key {key!r} is False on every row of the batch "
+            f"(shape {tuple(mask.shape)}): there is no real step to compute a "
+            f"loss on. Drop empty batches before calling the loss."
+        )
+    return mask
+
+
 def _fill_padded(
     tensordict: TensorDictBase, mask: torch.Tensor | None, key: NestedKey = None
 ) -> tuple[TensorDictBase, torch.Tensor | None]:
@@ -99,17 +124,10 @@ def _fill_padded(
     Raises:
         ValueError: if the mask has no ``True`` entry.
     """
+    mask = _active_mask(mask, key)
     if mask is None:
         return tensordict, None
     flat = mask.reshape(-1)
-    if bool(flat.all()):
-        return tensordict, None
-    if not bool(flat.any()):
-        raise ValueError(
-            f"The padding mask at key {key!r} is False on every row of the batch "
-            f"(shape {tuple(mask.shape)}): there is no real step to compute a "
-            f"loss on. Drop empty batches before calling the loss."
-        )
     arange = torch.arange(flat.numel(), device=flat.device)
     src = torch.where(flat, arange, -1).cummax(0).values
     first = flat.to(torch.uint8).argmax()
