@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from tensordict import TensorDict
 from torch import nn
-from torch.nn.utils.rnn import PackedSequence
+from torch.nn.utils.rnn import pack_sequence, PackedSequence
 
 from torchrl.data import (
     LazyMemmapStorage,
@@ -177,13 +177,12 @@ class TestMatchesReference:
 
     def test_variable_lengths(self, kind, num_layers, python_based):
         module = _module(kind, num_layers, python_based)
-        # a padded run cannot know the final state of the shorter slices
-        _check(module, _flat_is_init([3, 7, 1, 5, 7]), full_length_only=python_based)
+        _check(module, _flat_is_init([3, 7, 1, 5, 7]))
 
     def test_episode_resets_inside_slices(self, kind, num_layers, python_based):
         module = _module(kind, num_layers, python_based)
         is_init = _flat_is_init([8, 8, 8], resets=[3, 12, 13, 23])
-        _check(module, is_init, full_length_only=python_based)
+        _check(module, is_init)
 
     @pytest.mark.parametrize("shape", [(3, 6), (2, 2, 5)])
     def test_batch_dims(self, kind, num_layers, python_based, shape):
@@ -192,7 +191,7 @@ class TestMatchesReference:
         is_init[..., 0] = True
         is_init.view(-1, shape[-1])[0, 2] = True
         is_init.view(-1, shape[-1])[-1, 3] = True
-        _check(module, is_init, full_length_only=python_based)
+        _check(module, is_init)
 
     @pytest.mark.parametrize("shape", [(3, 6), (2, 2, 5)])
     def test_batch_dims_no_reset(self, kind, num_layers, python_based, shape):
@@ -237,8 +236,9 @@ class TestLayout:
         for key in _state_keys(module):
             assert torch.isfinite(result["next", key]).all()
 
-    def test_missing_states_start_from_zero(self, kind):
-        module = _module(kind)
+    @pytest.mark.parametrize("python_based", [False, True])
+    def test_missing_states_start_from_zero(self, kind, python_based):
+        module = _module(kind, python_based=python_based)
         is_init = _flat_is_init([3, 5, 2])
         sample = _sample(module, is_init)
         with torch.no_grad():
@@ -248,16 +248,6 @@ class TestLayout:
         with set_recurrent_mode(True):
             result = module(sample.exclude(*_state_keys(module)))
         torch.testing.assert_close(result["out"], expected)
-
-    def test_missing_one_lstm_state(self, kind):
-        if kind != "lstm":
-            pytest.skip("only an LSTM has two states")
-        module = _module(kind)
-        sample = _sample(module, _flat_is_init([3, 5]))
-        with set_recurrent_mode(True), pytest.raises(
-            RuntimeError, match="either all or none"
-        ):
-            module(sample.exclude("c"))
 
     def test_dense_batch(self, kind):
         # a [B, T] tensordict without resets keeps its layout, outputs in place
@@ -270,6 +260,15 @@ class TestLayout:
         for key in _state_keys(module):
             assert result["next", key].shape == (4, 6, 1, HIDDEN)
             assert (result["next", key][:, :-1] == 0).all()
+
+
+def test_missing_one_lstm_state():
+    module = _module("lstm")
+    sample = _sample(module, _flat_is_init([3, 5]))
+    with set_recurrent_mode(True), pytest.raises(
+        RuntimeError, match="either all or none"
+    ):
+        module(sample.exclude("c"))
 
 
 @st.composite
@@ -294,7 +293,7 @@ class TestRandomLayouts:
     )
     def test_matches_reference(self, is_init, kind, num_layers, python_based, seed):
         module = _module(kind, num_layers, python_based)
-        _check(module, is_init, seed, full_length_only=python_based)
+        _check(module, is_init, seed)
 
 
 def _storage(kind, tmp_path, size=1000):
@@ -349,12 +348,74 @@ class TestCartPoleSlices:
             torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-5)
 
 
-def test_nn_rnn_subclass_is_packed():
-    # an nn.LSTM passed by the user is used with packed sequences too
-    lstm = nn.LSTM(INPUT, HIDDEN, batch_first=True)
-    module = LSTMModule(
-        lstm=lstm,
-        in_keys=["obs", "h", "c"],
-        out_keys=["out", ("next", "h"), ("next", "c")],
-    )
-    _check(module, _flat_is_init([2, 4, 1]))
+class _PaddedOnlyLSTM(nn.Module):
+    """A user RNN that only takes padded ``[B, T, F]`` tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.LSTM(INPUT, HIDDEN, batch_first=True)
+        self.batch_first, self.bidirectional = True, False
+        self.num_layers, self.hidden_size = 1, HIDDEN
+
+    def forward(self, input, hx):
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"expected a padded tensor, got {type(input)}")
+        return self.inner(input, hx)
+
+
+class TestUserRNN:
+    def test_nn_lstm_is_packed(self):
+        # an nn.LSTM passed by the user is used with packed sequences too
+        module = LSTMModule(
+            lstm=nn.LSTM(INPUT, HIDDEN, batch_first=True),
+            in_keys=["obs", "h", "c"],
+            out_keys=["out", ("next", "h"), ("next", "c")],
+        )
+        capture = _Capture(module.lstm)
+        _check(module, _flat_is_init([2, 4, 1]))
+        assert isinstance(capture.inputs[0], PackedSequence)
+
+    def test_padded_fallback(self):
+        # any other RNN gets zero-padded input; the final state of the slices
+        # shorter than the longest is unknown and left at zero
+        torch.manual_seed(0)
+        module = LSTMModule(
+            lstm=_PaddedOnlyLSTM(),
+            in_keys=["obs", "h", "c"],
+            out_keys=["out", ("next", "h"), ("next", "c")],
+        )
+        capture = _Capture(module.lstm)
+        _check(module, _flat_is_init([2, 4, 1, 4]), full_length_only=True)
+        assert capture.inputs[0].shape == (4, 4, INPUT)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("num_layers", [1, 2])
+@pytest.mark.parametrize("bias", [True, False])
+def test_python_based_packed_sequence(kind, num_layers, bias):
+    """The python-based LSTM/GRU take a PackedSequence like torch.nn.LSTM/GRU."""
+    from torchrl.modules import GRU, LSTM
+
+    torch.manual_seed(0)
+    cls, ref_cls = (LSTM, nn.LSTM) if kind == "lstm" else (GRU, nn.GRU)
+    ref = ref_cls(INPUT, HIDDEN, num_layers=num_layers, bias=bias, batch_first=True)
+    rnn = cls(INPUT, HIDDEN, num_layers=num_layers, bias=bias, batch_first=True)
+    rnn.load_state_dict(ref.state_dict())
+    lengths = [3, 6, 1, 4]
+    seqs = [torch.randn(length, INPUT, requires_grad=True) for length in lengths]
+    h0 = torch.randn(num_layers, len(lengths), HIDDEN, requires_grad=True)
+    results = []
+    for module in (rnn, ref):
+        packed = pack_sequence(seqs, enforce_sorted=False)
+        hx = (h0, h0.tanh()) if kind == "lstm" else h0
+        output, final = module(packed, hx)
+        final = final if kind == "lstm" else (final,)
+        loss = output.data.pow(2).sum() + sum(f.sin().sum() for f in final)
+        grads = torch.autograd.grad(loss, seqs + [h0] + list(module.parameters()))
+        results.append((output.data, final, grads))
+    (output, final, grads), (ref_output, ref_final, ref_grads) = results
+    torch.testing.assert_close(output, ref_output, rtol=1e-5, atol=1e-5)
+    for f, ref_f in zip(final, ref_final):
+        torch.testing.assert_close(f, ref_f, rtol=1e-5, atol=1e-5)
+    for g, ref_g in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref_g, rtol=1e-4, atol=1e-5)

@@ -14,8 +14,9 @@ every tensor the RNN sees or returns goes through the same indices:
   :class:`~torchrl.data.SliceSampler` output), as a
   :class:`~torch.nn.utils.rnn.PackedSequence` built with a single gather when
   the lengths differ and the RNN is a :class:`torch.nn.LSTM` or
-  :class:`torch.nn.GRU`, or zero-padded to ``[S, T_max]`` otherwise (the
-  python-based RNNs);
+  :class:`torch.nn.GRU` or a python-based :class:`~torchrl.modules.LSTM` or
+  :class:`~torchrl.modules.GRU` (see :func:`_python_packed_forward`), or
+  zero-padded to ``[S, T_max]`` for any other RNN;
 - the initial recurrent state is read only at the ``S`` slice starts;
 - the outputs are put back in place with a single gather, and the final
   recurrent state of each slice is written at its last step (zeros elsewhere).
@@ -23,6 +24,7 @@ every tensor the RNN sees or returns goes through the same indices:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn, Tensor
 from torch.nn.utils.rnn import PackedSequence
@@ -130,7 +132,7 @@ class _SliceSplit:
                 value.index_select(0, index), batch_sizes, order, unsorted
             )
         padded = value.new_zeros(self.num_slices * self.max_len, *value.shape[1:])
-        padded = padded.index_copy(0, self._padded_index(), value)
+        padded.index_copy_(0, self._padded_index(), value)
         return padded.unflatten(0, (self.num_slices, self.max_len))
 
     def unpack(self, output: Tensor | PackedSequence) -> Tensor:
@@ -140,6 +142,85 @@ class _SliceSplit:
         if isinstance(output, PackedSequence):
             return output.data.index_select(0, self._packed_indices()[1])
         return output.flatten(0, 1).index_select(0, self._padded_index())
+
+
+def _python_packed_forward(
+    rnn: nn.Module, input: PackedSequence, hx: Tensor | tuple[Tensor, Tensor] | None
+) -> tuple[PackedSequence, Tensor | tuple[Tensor, Tensor]]:
+    """Runs a python-based :class:`~torchrl.modules.LSTM` or :class:`~torchrl.modules.GRU` on a packed sequence.
+
+    Same semantics as :class:`torch.nn.LSTM` and :class:`torch.nn.GRU` on a
+    :class:`~torch.nn.utils.rnn.PackedSequence`: at step ``t`` only the
+    ``batch_sizes[t]`` sequences still running are computed, and the final
+    state of each sequence is the state after its own last step.
+
+    Args:
+        rnn: the python-based LSTM or GRU.
+        input: the packed input.
+        hx: the initial state(s), ``[num_layers, S, H]`` in the order of the
+            sequences (not sorted), or ``None`` for zeros.
+
+    Returns:
+        the packed output and the final state(s), ``[num_layers, S, H]`` in
+        the order of the sequences.
+    """
+    lstm = hasattr(rnn, "_lstm_cell")
+    data, batch_sizes, sorted_indices, unsorted_indices = input
+    sizes = batch_sizes.tolist()
+    num_layers = rnn.num_layers
+    if hx is None:
+        zeros = data.new_zeros(num_layers, sizes[0], rnn.hidden_size)
+        hx = (zeros, zeros) if lstm else zeros
+    states = tuple(hx) if lstm else (hx,)
+    if sorted_indices is not None:
+        states = tuple(state.index_select(1, sorted_indices) for state in states)
+    weights = []
+    for names in rnn._all_weights:
+        weight_ih, weight_hh = getattr(rnn, names[0]), getattr(rnn, names[1])
+        if rnn.bias:
+            bias_ih, bias_hh = getattr(rnn, names[2]), getattr(rnn, names[3])
+        else:
+            bias_ih = bias_hh = None
+        weights.append((weight_ih, bias_ih, weight_hh, bias_hh))
+    cell = rnn._lstm_cell if lstm else rnn._gru_cell
+    # running[layer] = the states of the sequences still running
+    running = [[state[layer] for state in states] for layer in range(num_layers)]
+    # done[layer] = the final states of the sequences that ended, last first
+    done = [[] for _ in range(num_layers)]
+    outputs = []
+    offset = 0
+    for size in sizes:
+        x = data[offset : offset + size]
+        offset += size
+        for layer in range(num_layers):
+            current = running[layer]
+            if size < current[0].shape[0]:
+                done[layer].append([state[size:] for state in current])
+                current = [state[:size] for state in current]
+            current = cell(x, *current, *weights[layer])
+            current = list(current) if lstm else [current]
+            running[layer] = current
+            x = current[0]
+            if layer < num_layers - 1 and rnn.dropout:
+                x = F.dropout(x, p=rnn.dropout, training=rnn.training)
+        outputs.append(x)
+    finals = []
+    for i in range(len(states)):
+        final = torch.stack(
+            [
+                torch.cat(
+                    [running[layer][i]] + [ended[i] for ended in reversed(done[layer])]
+                )
+                for layer in range(num_layers)
+            ]
+        )
+        if unsorted_indices is not None:
+            final = final.index_select(1, unsorted_indices)
+        finals.append(final)
+    output = PackedSequence(
+        torch.cat(outputs), batch_sizes, sorted_indices, unsorted_indices
+    )
+    return output, tuple(finals) if lstm else finals[0]
 
 
 def _recurrent_forward(
@@ -172,7 +253,9 @@ def _recurrent_forward(
     is_init = tensordict.get("is_init").reshape(numel // steps, steps)
     split = _SliceSplit(is_init)
 
-    packed = isinstance(rnn, (nn.LSTM, nn.GRU))
+    from torchrl.modules.tensordict_module.rnn import GRU, LSTM
+
+    packed = isinstance(rnn, (nn.LSTM, nn.GRU, LSTM, GRU))
     rnn_input = split.pack(value.reshape(numel, value.shape[-1]), packed)
     if states[0] is None:
         hx = None
