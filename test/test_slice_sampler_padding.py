@@ -1,0 +1,222 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""SliceSampler(pad_output=True): fixed-size samples with a mask (issue 3, item 3)."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from torchrl.data import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    ListStorage,
+    PrioritizedSliceSampler,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
+
+MASK = ("collector", "mask")
+TRAJ_KEY = ("collector", "traj_ids")
+SLICE_LEN = 8
+NUM_SLICES = 10
+# per env: trajectory lengths, many shorter than SLICE_LEN
+LENGTHS = [[3, 1, 12, 5, 9, 2], [6, 4, 2, 7, 11, 2]]
+
+
+def _data(ndim):
+    rows = []
+    for env, lengths in enumerate(LENGTHS):
+        traj = torch.cat(
+            [torch.full((n,), 100 * env + i) for i, n in enumerate(lengths)]
+        )
+        step = torch.cat([torch.arange(n) for n in lengths])
+        rows.append((traj, step))
+    traj = torch.stack([r[0] for r in rows])
+    step = torch.stack([r[1] for r in rows])
+    done = torch.zeros(*traj.shape, 1, dtype=torch.bool)
+    done[:, :-1, 0] = traj[:, 1:] != traj[:, :-1]
+    done[:, -1] = True
+    data = TensorDict(
+        {
+            "obs": torch.arange(traj.numel()).view(traj.shape),
+            "pixels": torch.randn(*traj.shape, 2, 3),
+            "step": step,
+            "is_init": (step == 0).unsqueeze(-1),
+            TRAJ_KEY: traj,
+            ("next", "done"): done,
+            ("next", "terminated"): done.clone(),
+            ("next", "truncated"): torch.zeros_like(done),
+            ("next", "reward"): torch.randn(*traj.shape, 1),
+        },
+        traj.shape,
+    )
+    return data if ndim == 2 else data.reshape(-1)
+
+
+def _storage(kind, tmp_path):
+    if kind == "tensor":
+        return LazyTensorStorage(200)
+    if kind == "tensor2d":
+        return LazyTensorStorage(200, ndim=2)
+    if kind == "memmap":
+        return LazyMemmapStorage(200, scratch_dir=tmp_path)
+    return ListStorage(200)
+
+
+def _sampler(cls, **kwargs):
+    if cls is PrioritizedSliceSampler:
+        return cls(max_capacity=200, alpha=0.7, beta=0.9, **kwargs)
+    return cls(**kwargs)
+
+
+SAMPLERS = [SliceSampler, SliceSamplerWithoutReplacement, PrioritizedSliceSampler]
+STORAGES = ["tensor", "memmap", "list", "tensor2d"]
+
+
+class TestConstruction:
+    @pytest.mark.parametrize("cls", SAMPLERS)
+    def test_strict_length_raises(self, cls):
+        with pytest.raises(ValueError, match="pad_output=True.*strict_length=False"):
+            _sampler(cls, slice_len=SLICE_LEN, pad_output=True)
+        with pytest.raises(ValueError, match="strict_length"):
+            _sampler(cls, slice_len=SLICE_LEN, pad_output=True, strict_length=True)
+
+    @pytest.mark.parametrize("cls", SAMPLERS)
+    @pytest.mark.parametrize("pad_output", [True, False])
+    def test_repr(self, cls, pad_output):
+        sampler = _sampler(
+            cls, slice_len=SLICE_LEN, strict_length=False, pad_output=pad_output
+        )
+        assert f"pad_output={pad_output}" in repr(sampler)
+
+    @pytest.mark.parametrize("cls", SAMPLERS)
+    def test_repr_of_old_pickle(self, cls):
+        # an instance pickled before pad_output (and the key detection) existed
+        sampler = _sampler(cls, slice_len=SLICE_LEN, traj_key="episode")
+        state = sampler.__getstate__()
+        for name in ("pad_output", "_traj_key_auto", "_traj_key_resolved"):
+            state.pop(name, None)
+        old = cls.__new__(cls)
+        old.__dict__.update(state)
+        restored = pickle.loads(pickle.dumps(old))
+        assert "pad_output=False" in repr(restored)
+        assert "traj_key=episode" in repr(restored)
+
+    def test_default_has_no_mask(self):
+        rb = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(200),
+            sampler=SliceSampler(slice_len=SLICE_LEN, strict_length=False),
+            batch_size=SLICE_LEN * NUM_SLICES,
+        )
+        rb.extend(_data(1))
+        sample = rb.sample()
+        assert MASK not in sample.keys(True)
+        # short slices are not padded by default
+        assert sample.shape[0] < SLICE_LEN * NUM_SLICES
+
+
+@pytest.mark.parametrize("kind", STORAGES)
+@pytest.mark.parametrize("cls", SAMPLERS)
+@pytest.mark.parametrize("truncated_key", [("next", "truncated"), None])
+class TestPaddedSample:
+    def test_padded_sample(self, kind, cls, truncated_key, tmp_path):
+        torch.manual_seed(0)
+        data = _data(2 if kind == "tensor2d" else 1)
+        flat = data.reshape(-1)
+        rb = TensorDictReplayBuffer(
+            storage=_storage(kind, tmp_path),
+            sampler=_sampler(
+                cls,
+                slice_len=SLICE_LEN,
+                strict_length=False,
+                pad_output=True,
+                truncated_key=truncated_key,
+            ),
+            batch_size=SLICE_LEN * NUM_SLICES,
+        )
+        rb.extend(data)
+        saw_padding = False
+        for _ in range(1 if cls is SliceSamplerWithoutReplacement else 4):
+            sample = rb.sample()
+            # exactly num_slices * slice_len rows, never reshaped
+            assert sample.batch_size == torch.Size([SLICE_LEN * NUM_SLICES])
+            mask = sample[MASK]
+            assert mask.dtype == torch.bool
+            assert mask.shape == torch.Size([SLICE_LEN * NUM_SLICES])
+            mask = mask.view(NUM_SLICES, SLICE_LEN)
+            obs = sample["obs"].view(NUM_SLICES, SLICE_LEN)
+            traj = sample[TRAJ_KEY].view(NUM_SLICES, SLICE_LEN)
+            step = sample["step"].view(NUM_SLICES, SLICE_LEN)
+            # a slice holds the real steps first, then the padding
+            real_len = mask.sum(-1)
+            assert (real_len >= 1).all()
+            assert (mask == (torch.arange(SLICE_LEN) < real_len.unsqueeze(-1))).all()
+            saw_padding |= bool((~mask).any())
+            last = real_len - 1
+            rows = torch.arange(NUM_SLICES)
+            for b in range(NUM_SLICES):
+                n = int(real_len[b])
+                # real steps are consecutive steps of one trajectory
+                assert (traj[b, :n] == traj[b, 0]).all()
+                assert (step[b, 1:n] == step[b, : n - 1] + 1).all()
+                # a slice is only short when its trajectory is
+                if n < SLICE_LEN:
+                    traj_len = int((flat[TRAJ_KEY] == traj[b, 0]).sum())
+                    assert n == traj_len
+            # padded rows are copies of their slice's last real row (all
+            # entries, markers included), except for the mask
+            per_slice = sample.exclude(MASK).view(NUM_SLICES, SLICE_LEN)
+            last_rows = per_slice[rows, last]
+            for b in range(NUM_SLICES):
+                n = int(real_len[b])
+                for t in range(n, SLICE_LEN):
+                    assert (per_slice[b, t] == last_rows[b]).all()
+            # stored content of real rows is the stored data
+            assert (sample["pixels"] == flat["pixels"][sample["obs"]]).all()
+            # is_init on slice starts
+            is_init = sample["is_init"].view(NUM_SLICES, SLICE_LEN)
+            assert is_init[:, 0].all()
+            if truncated_key is not None:
+                truncated = sample[truncated_key].view(NUM_SLICES, SLICE_LEN)
+                # the truncation marker sits on the last real step
+                assert truncated[rows, last].all()
+                assert not (truncated & mask & (obs != obs[rows, last, None])).any()
+                done = sample["next", "done"].view(NUM_SLICES, SLICE_LEN)
+                assert done[rows, last].all()
+            else:
+                # no marker written: the stored values come through
+                assert not sample["next", "truncated"].any()
+        if cls is not SliceSamplerWithoutReplacement:
+            assert saw_padding
+
+
+class TestPrioritizedWeights:
+    def test_priority_weight_padded(self):
+        sampler = PrioritizedSliceSampler(
+            max_capacity=200,
+            alpha=0.7,
+            beta=0.9,
+            slice_len=SLICE_LEN,
+            strict_length=False,
+            pad_output=True,
+        )
+        rb = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(200),
+            sampler=sampler,
+            batch_size=SLICE_LEN * NUM_SLICES,
+        )
+        rb.extend(_data(1))
+        rb.update_priority(torch.arange(len(rb)), torch.rand(len(rb)) + 0.1)
+        sample = rb.sample()
+        weight = sample["priority_weight"].view(NUM_SLICES, SLICE_LEN)
+        # one weight per slice, padded rows included
+        assert (weight == weight[:, :1]).all()
+        index = sample["index"].reshape(NUM_SLICES, SLICE_LEN)
+        mask = sample[MASK].view(NUM_SLICES, SLICE_LEN)
+        assert (index[~mask] >= 0).all()

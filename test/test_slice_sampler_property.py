@@ -1,0 +1,153 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""Property-based tests of SliceSampler slicing, markers and padding (issue 3)."""
+from __future__ import annotations
+
+import torch
+from hypothesis import assume, given, HealthCheck, settings, strategies as st
+from tensordict import TensorDict
+
+from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+
+TRAJ_KEY = ("collector", "traj_ids")
+MASK = ("collector", "mask")
+
+
+@st.composite
+def layouts(draw):
+    """Trajectory lengths (1..60) for 1 to 3 envs, all envs of the same length."""
+    num_envs = draw(st.integers(1, 3))
+    envs = [
+        draw(st.lists(st.integers(1, 60), min_size=1, max_size=4))
+        for _ in range(num_envs)
+    ]
+    # at least 2 steps per env: TorchRL 0.12.0's ReplayBuffer.extend cannot
+    # write a single time step into a 2-d storage, nor sample a 1-row buffer
+    total = max(2, max(sum(lengths) for lengths in envs))
+    # the last trajectory of each env runs until the common length
+    for lengths in envs:
+        lengths[-1] += total - sum(lengths)
+    return envs
+
+
+def _data(envs, inner_resets, ndim):
+    trajs, steps = [], []
+    for env, lengths in enumerate(envs):
+        trajs.append(
+            torch.cat([torch.full((n,), 100 * env + i) for i, n in enumerate(lengths)])
+        )
+        steps.append(torch.cat([torch.arange(n) for n in lengths]))
+    traj, step = torch.stack(trajs), torch.stack(steps)
+    done = torch.zeros(*traj.shape, 1, dtype=torch.bool)
+    done[:, :-1, 0] = traj[:, 1:] != traj[:, :-1]
+    done[:, -1] = True
+    generator = torch.Generator().manual_seed(inner_resets)
+    is_init = (step == 0) | (torch.rand(traj.shape, generator=generator) < 0.05)
+    data = TensorDict(
+        {
+            "obs": torch.arange(traj.numel()).view(traj.shape),
+            "feature": torch.randn(*traj.shape, 2, generator=generator),
+            "step": step,
+            "is_init": is_init.unsqueeze(-1),
+            TRAJ_KEY: traj,
+            ("next", "done"): done,
+            ("next", "terminated"): done.clone(),
+            ("next", "truncated"): torch.zeros_like(done),
+        },
+        traj.shape,
+    )
+    return data if ndim == 2 else data.reshape(-1)
+
+
+def _slices(sample, slice_len, fixed):
+    """``(start, stop)`` of each slice in the sample."""
+    n = sample.shape[0]
+    if fixed:
+        return [(a, a + slice_len) for a in range(0, n, slice_len)]
+    ends = sample["next", "truncated"].reshape(-1).nonzero().squeeze(-1).tolist()
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    assert ends[-1] == n - 1
+    return list(zip(starts, [e + 1 for e in ends]))
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    envs=layouts(),
+    inner_resets=st.integers(0, 2**16),
+    ndim=st.sampled_from([1, 2]),
+    slice_len=st.integers(1, 12),
+    num_slices=st.integers(1, 6),
+    strict_length=st.booleans(),
+    pad_output=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_slices_markers_padding(
+    envs, inner_resets, ndim, slice_len, num_slices, strict_length, pad_output, seed
+):
+    if strict_length:
+        pad_output = False
+        assume(max(max(lengths) for lengths in envs) >= slice_len)
+    torch.manual_seed(seed)
+    data = _data(envs, inner_resets, ndim)
+    flat = data.reshape(-1)
+    traj_len = {
+        int(t): int(n) for t, n in zip(*flat[TRAJ_KEY].unique(return_counts=True))
+    }
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(2 * flat.numel(), ndim=ndim),
+        sampler=SliceSampler(
+            slice_len=slice_len, strict_length=strict_length, pad_output=pad_output
+        ),
+        batch_size=slice_len * num_slices,
+    )
+    rb.extend(data)
+    sample = rb.sample()
+    assert sample.ndim == 1
+    if pad_output:
+        assert sample.shape[0] == slice_len * num_slices
+        assert sample[MASK].shape == sample.shape
+    else:
+        assert MASK not in sample.keys(True)
+    stored_is_init = flat["is_init"][sample["obs"]].reshape(-1)
+    is_init = sample["is_init"].reshape(-1)
+    # stored resets are kept
+    assert (is_init | ~stored_is_init).all()
+    real_rows = 0
+    for a, b in _slices(sample, slice_len, fixed=strict_length or pad_output):
+        piece = sample[a:b]
+        traj, step = piece[TRAJ_KEY], piece["step"]
+        if pad_output:
+            mask = piece[MASK]
+            n = int(mask.sum())
+            # the mask is True on the real rows, which come first
+            assert mask[:n].all() and not mask[n:].any()
+            # padded rows equal their slice's last real row
+            padded = piece[n:].exclude(MASK)
+            last = piece[n - 1].exclude(MASK)
+            assert (padded == last.expand(padded.shape)).all()
+        else:
+            n = b - a
+        real_rows += n
+        # a slice never crosses a trajectory boundary
+        assert (traj[:n] == traj[0]).all()
+        assert (step[1:n] == step[: n - 1] + 1).all()
+        # slices are as long as asked, or as their whole trajectory
+        assert n == min(slice_len, traj_len[int(traj[0])])
+        # every slice starts with is_init
+        assert is_init[a]
+        # elsewhere is_init is the stored value
+        assert (is_init[a + 1 : a + n] == stored_is_init[a + 1 : a + n]).all()
+        # the truncation marker sits on the last real step
+        truncated = piece["next", "truncated"].reshape(-1)
+        assert truncated[n - 1]
+        assert not truncated[: n - 1].any()
+    if pad_output:
+        # the mask counts the real rows
+        assert int(sample[MASK].sum()) == real_rows
