@@ -16,6 +16,7 @@ import torch
 from _masked_loss_cases import (
     COVERED,
     fill_garbage,
+    layout,
     loss_and_grads,
     make_batch,
     make_loss,
@@ -56,7 +57,7 @@ class TestPaddedEqualsUnpadded:
     @pytest.mark.parametrize("reduction", ["mean", "sum"])
     @pytest.mark.parametrize("name", COVERED)
     def test_loss_and_grads(self, name, reduction, garbage):
-        real, padded = slice_batches(name, LENGTHS, PAD_TO, garbage=garbage)
+        real, padded = slice_batches(name, *layout(name), garbage=garbage)
         _compare(name, reduction, real, padded)
 
     @pytest.mark.parametrize("reduction", ["mean", "sum"])
@@ -102,13 +103,14 @@ class TestPaddedEqualsUnpadded:
     @pytest.mark.parametrize("name", COVERED)
     def test_split_trajs_layout(self, name):
         # a [B, T] batch with a [B, T] mask, zeros after each trajectory
-        real, padded = slice_batches(name, LENGTHS, PAD_TO, garbage="zeros")
-        padded = padded.reshape(len(LENGTHS), PAD_TO)
+        lengths, pad_to = layout(name)
+        real, padded = slice_batches(name, lengths, pad_to, garbage="zeros")
+        padded = padded.reshape(len(lengths), pad_to)
         _compare(name, "mean", real, padded)
 
     @pytest.mark.parametrize("name", COVERED)
     def test_reduction_none_keeps_rows(self, name):
-        real, padded = slice_batches(name, LENGTHS, PAD_TO)
+        real, padded = slice_batches(name, *layout(name))
         mask = padded.get(MASK_KEY)
         torch.manual_seed(3)
         expected, _ = loss_and_grads(make_loss(name, reduction="none"), real)
@@ -141,7 +143,7 @@ class TestMaskKey:
 
     @pytest.mark.parametrize("name", COVERED)
     def test_set_keys(self, name):
-        real, padded = slice_batches(name, LENGTHS, PAD_TO, garbage="random")
+        real, padded = slice_batches(name, *layout(name), garbage="random")
         mask = padded.get(MASK_KEY)
         moved = padded.exclude(MASK_KEY).set("valid", mask)
         loss = make_loss(name)
@@ -149,16 +151,18 @@ class TestMaskKey:
         assert loss.tensor_keys.mask == "valid"
         torch.manual_seed(3)
         got = loss_and_grads(loss, moved)
+        reference = make_loss(name)
         torch.manual_seed(3)
-        expected = loss_and_grads(make_loss(name), real)
+        expected = loss_and_grads(reference, real)
         torch.testing.assert_close(got, expected)
         # the default key is no longer read
         loss = make_loss(name)
         loss.set_keys(mask="valid")
         torch.manual_seed(3)
         ignored = loss_and_grads(loss, padded)
+        reference = make_loss(name)
         torch.manual_seed(3)
-        unmasked = loss_and_grads(make_loss(name), padded.exclude(MASK_KEY))
+        unmasked = loss_and_grads(reference, padded.exclude(MASK_KEY))
         torch.testing.assert_close(ignored, unmasked)
 
     @pytest.mark.parametrize("name", COVERED)
@@ -234,6 +238,27 @@ class TestPerRowShapes:
         got = loss_and_grads(make_loss(name, reduction="none"), column)
         assert got[0]["loss_objective"].shape == (7,)
         torch.testing.assert_close(got, expected)
+
+
+class TestCQLPerRow:
+    def test_cql_term_one_value_per_row(self):
+        # 0.12.0 subtracted an [N, 1] prediction from an [N * num_random]
+        # log-sum-exp and averaged: every row's cql term mixed all rows
+        td = make_batch("cql", 6)
+        torch.manual_seed(3)
+        out = make_loss("cql", reduction="none")(td.clone())
+        assert out["loss_cql"].shape == (6,)
+        changed = td.clone()
+        changed["observation"][0] += 5.0
+        torch.manual_seed(3)
+        out_changed = make_loss("cql", reduction="none")(changed)
+        torch.testing.assert_close(out_changed["loss_cql"][1:], out["loss_cql"][1:])
+        assert not torch.allclose(out_changed["loss_cql"][0], out["loss_cql"][0])
+
+    @pytest.mark.parametrize("garbage", ["huge", "random"])
+    def test_alpha_prime_from_real_rows(self, garbage):
+        real, padded = slice_batches("cql", *layout("cql"), garbage=garbage)
+        _compare("cql", "mean", real, padded, with_lagrange=True)
 
 
 class TestAdaptiveTerms:
