@@ -500,7 +500,16 @@ class Fork:
                 for info in zf.infolist()
                 if info.filename.startswith(f"{PACKAGE}/csrc/") and not info.is_dir()
             }
-        key_parts = [torch.__version__, sys.version, sysconfig.get_platform()]
+        cpp = sorted(n for n in sources if n.endswith(".cpp"))
+        script = (
+            "from setuptools import setup\n"
+            "from torch.utils.cpp_extension import BuildExtension, CppExtension\n"
+            "setup(name='torchrl_ext', ext_modules=[CppExtension('torchrl._torchrl',"
+            f" {cpp!r}, extra_compile_args={{'cxx': ['-O3', '-g0']}})],"
+            " cmdclass={'build_ext': BuildExtension},"
+            " script_args=['build_ext', '--build-lib', 'lib', '--build-temp', 'tmp'])\n"
+        )
+        key_parts = [torch.__version__, sys.version, sysconfig.get_platform(), script]
         key_parts += [
             f"{name}:{sha256_bytes(data)}" for name, data in sorted(sources.items())
         ]
@@ -515,16 +524,6 @@ class Fork:
         for name, data in sources.items():
             (work / name).parent.mkdir(parents=True, exist_ok=True)
             (work / name).write_bytes(data)
-        cpp = sorted(n for n in sources if n.endswith(".cpp"))
-        script = (
-            "import sys\n"
-            "from setuptools import setup\n"
-            "from torch.utils.cpp_extension import BuildExtension, CppExtension\n"
-            "setup(name='torchrl_ext', ext_modules=[CppExtension('torchrl._torchrl',"
-            f" {cpp!r}, extra_compile_args={{'cxx': ['-O3']}})],"
-            " cmdclass={'build_ext': BuildExtension},"
-            " script_args=['build_ext', '--build-lib', 'lib', '--build-temp', 'tmp'])\n"
-        )
         env = dict(os.environ)
         env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
         path = [os.path.dirname(sys.executable)]
@@ -557,7 +556,7 @@ class Fork:
 
     # ---------------------------------------------------------------- wheel
     def _dist_info_files(
-        self, zf: zipfile.ZipFile, old: str, new: str
+        self, zf: zipfile.ZipFile, old: str, new: str, tag: str
     ) -> dict[str, bytes]:
         out = {}
         base = self.pins["torchrl"]["version"]
@@ -578,6 +577,8 @@ class Fork:
                 )
                 if self.version.encode() not in data:
                     raise ForkError(f"METADATA of {base} has no Version line")
+            elif rel == "WHEEL":
+                data = re.sub(rb"^Tag: .*$", f"Tag: {tag}".encode(), data, flags=re.M)
             out[f"{new}/{rel}"] = data
         return out
 
@@ -595,8 +596,13 @@ class Fork:
         new_info = f"{PACKAGE}-{self.version}.dist-info"
         files: dict[str, bytes] = {}
         modes: dict[str, int] = {}
+        tag = pristine_whl.name[len(f"{PACKAGE}-{base}-") : -len(".whl")]
+        if self.has_extension():
+            # The extension is compiled for the running interpreter: tag it so.
+            impl = f"cp{sys.version_info.major}{sys.version_info.minor}"
+            tag = f"{impl}-{impl}-{tag.split('-', 2)[2]}"
         with zipfile.ZipFile(pristine_whl) as zf:
-            files.update(self._dist_info_files(zf, old_info, new_info))
+            files.update(self._dist_info_files(zf, old_info, new_info, tag))
             if editable:
                 if not self.fork.is_dir():
                     raise ForkError("build/fork does not exist: run sync first")
@@ -614,7 +620,9 @@ class Fork:
                         if name.startswith(f"{PACKAGE}/_torchrl") and name.endswith(
                             ".so"
                         ):
-                            files[name] = self.extension().read_bytes()
+                            so = self.extension()
+                            files[f"{PACKAGE}/{so.name}"] = so.read_bytes()
+                            modes[f"{PACKAGE}/{so.name}"] = info.external_attr
                         elif name.startswith(PACKAGE + "/"):
                             files[name] = (tree / name).read_bytes()
                         else:
@@ -622,7 +630,6 @@ class Fork:
                     for rel in tree_files(tree):
                         if rel != ".gitignore" and rel not in files:
                             files[rel] = (tree / rel).read_bytes()
-            tag = pristine_whl.name[len(f"{PACKAGE}-{base}-") : -len(".whl")]
         record = []
         for name, data in sorted(files.items()):
             digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(
