@@ -6,7 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 FORK := $(PY) tools/fork.py
-REQS := $(wildcard requirements/*.txt)
+# requirements/*.txt name what each job needs; constraints.txt pins the rest.
+CONSTRAINTS := requirements/constraints.txt
+REQS := $(addprefix requirements/,runtime.txt build.txt test.txt lint.txt)
 OVERLAY := $(shell find torchrl -type f ! -path '*/__pycache__/*' 2>/dev/null)
 # Our own Python files, held to upstream's lint bar.
 OWN_PY = $(shell git ls-files --cached --others --exclude-standard -- '*.py')
@@ -15,9 +17,13 @@ OWN_PY = $(shell git ls-files --cached --others --exclude-standard -- '*.py')
 	sync export wheel clean
 
 # The virtual environment with the pins (requirements/*.txt, UPSTREAM.toml).
-$(VENV)/.deps: $(REQS)
+$(VENV)/.deps: $(REQS) $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q $(foreach r,$(REQS),-r $(r))
+	$(PIP) install -q -c $(CONSTRAINTS) $(foreach r,$(REQS),-r $(r))
+	touch $@
+
+$(VENV)/.docs-deps: requirements/docs.txt $(CONSTRAINTS) | $(VENV)/.deps
+	$(PIP) install -q -c $(CONSTRAINTS) -r requirements/docs.txt
 	touch $@
 
 # The fork's wheel, installed; rebuilt only when the overlay or tool changed.

@@ -33,10 +33,14 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "torchrl"
