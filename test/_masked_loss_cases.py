@@ -238,6 +238,19 @@ def slice_batches(
     return real, padded
 
 
+def split_trajs_layout(padded: TensorDict, lengths) -> TensorDict:
+    """Reshapes a padded batch to ``[num_slices, pad_to]`` like ``split_trajs``.
+
+    The end of each slice's real data loses its done/truncated marker, as the
+    last step of a trajectory cut by the end of a collector batch does.
+    """
+    padded = padded.reshape(len(lengths), -1).clone()
+    for row, length in enumerate(lengths):
+        padded["next", "done"][row, length - 1] = False
+        padded["next", "truncated"][row, length - 1] = False
+    return padded
+
+
 def fill_garbage(td, mask, kind, seed=0):
     """Overwrites the rows where ``mask`` is ``False`` with finite garbage."""
     g = torch.Generator().manual_seed(seed + 7)
@@ -254,7 +267,7 @@ def fill_garbage(td, mask, kind, seed=0):
             new = torch.zeros(shape)
         elif kind == "huge":
             sign = torch.randint(2, shape, generator=g) * 2 - 1
-            new = sign * torch.full(shape, 1e30)
+            new = sign * torch.full(shape, 3e38)
         else:
             new = torch.randn(shape, generator=g) * 1e3
         value[pad] = new.to(value.dtype)
@@ -301,8 +314,29 @@ def layout(name):
     return LAYOUTS.get(name, ((3, 5, 2), 6))
 
 
+ESTIMATORS = ["TD0Estimator", "TD1Estimator", "TDLambdaEstimator", "GAE"]
+
+
+def make_estimator(name: str, **kwargs):
+    """A value estimator over a small value network (deterministic)."""
+    from torchrl.objectives import value
+
+    torch.manual_seed(0)
+    kwargs.setdefault("gamma", 0.9)
+    if name in ("TDLambdaEstimator", "GAE"):
+        kwargs.setdefault("lmbda", 0.8)
+    return getattr(value, name)(value_network=_value(), **kwargs)
+
+
 def _reference(path):
     results = {}
+    for name in ESTIMATORS:
+        real, _ = slice_batches("ppo", (3, 5, 2), 6)
+        out = make_estimator(name)(real)
+        results[("estimator", name)] = (
+            {k: out[k].detach() for k in ("advantage", "value_target")},
+            [],
+        )
     for name in COVERED:
         for reduction in ("mean", "sum", "none"):
             loss = make_loss(name, reduction=reduction)

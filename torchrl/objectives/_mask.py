@@ -19,9 +19,11 @@ padded ones. The helpers below make a loss honour it:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from tensordict import TensorDictBase
-from tensordict.utils import NestedKey
+from tensordict.utils import NestedKey, unravel_key
 
 from torchrl.objectives.utils import _reduce
 
@@ -236,3 +238,69 @@ def _row_aligned(
     if tensor.shape == batch_shape:
         return tensor.unsqueeze(-1)
     return tensor
+
+
+def _cut_at_padding(
+    tensordict: TensorDictBase,
+    mask: torch.Tensor,
+    done_key: NestedKey,
+    time_dim: int,
+) -> None:
+    """Marks as done every real step followed by padding, and every padded step.
+
+    A value estimator then never carries a trace from a padded step into a real
+    one: the last real step of each segment bootstraps from its own next
+    observation, as at a truncation.
+    """
+    length = mask.shape[time_dim]
+    next_mask = torch.cat(
+        [
+            mask.narrow(time_dim, 1, length - 1),
+            torch.ones_like(mask.narrow(time_dim, 0, 1)),
+        ],
+        time_dim,
+    )
+    cut = ~mask | ~next_mask
+    done = tensordict.get(done_key, None)
+    if done is None:
+        return
+    tensordict.set(done_key, done | _expand_mask(cut, done))
+
+
+def _masked_estimate(fun):
+    """Makes a value-estimator method ignore the padded steps of its input.
+
+    When the input holds a padding mask (at the estimator's ``mask`` key) with
+    at least one ``False`` entry, the method runs on a copy whose padded rows
+    repeat real rows (so nothing computed on them can overflow) and where the
+    trace is cut after the last real step of every segment and at every padded
+    step, so that no padded step reaches a real step's advantage or target.
+    ``forward`` results are then written back into the caller's tensordict.
+    """
+
+    @functools.wraps(fun)
+    def new_fun(self, tensordict, *args, **kwargs):
+        key = getattr(self.tensor_keys, "mask", None)
+        if not isinstance(tensordict, TensorDictBase) or key is None:
+            return fun(self, tensordict, *args, **kwargs)
+        mask = _active_mask(_get_mask(tensordict, key), key)
+        if mask is None:
+            return fun(self, tensordict, *args, **kwargs)
+        work, mask = _fill_padded(tensordict, mask, key)
+        time_dim = self._get_time_dim(kwargs.get("time_dim"), work)
+        _cut_at_padding(work, mask, ("next", self.tensor_keys.done), time_dim)
+        out = fun(self, work, *args, **kwargs)
+        if out is not work:
+            return out
+        keys = set(work.keys(True, True)) - set(tensordict.keys(True, True))
+        keys |= {
+            unravel_key(self.tensor_keys.advantage),
+            unravel_key(self.tensor_keys.value_target),
+        }
+        for out_key in keys:
+            value = work.get(out_key, None)
+            if value is not None:
+                tensordict.set(out_key, value)
+        return tensordict
+
+    return new_fun
