@@ -370,3 +370,115 @@ class TestUnmaskedUnchanged:
         got, _ = fork[("estimator", name)]
         for key in expected:
             assert torch.equal(got[key], expected[key]), key
+
+
+def _cartpole_data():
+    from tensordict.nn import TensorDictModule
+    from torchrl.envs import GymEnv
+    from torchrl.modules import OneHotCategorical, ProbabilisticActor
+
+    torch.manual_seed(0)
+    env = GymEnv("CartPole-v1")
+    env.set_seed(0)
+    actor = ProbabilisticActor(
+        TensorDictModule(
+            torch.nn.Linear(4, 2), in_keys=["observation"], out_keys=["logits"]
+        ),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        spec=env.action_spec,
+        return_log_prob=True,
+    )
+    with torch.no_grad():
+        data = env.rollout(300, actor, break_when_any_done=False)
+    env.close()
+    return data, env.action_spec
+
+
+@pytest.fixture(scope="module")
+def cartpole():
+    return _cartpole_data()
+
+
+def _ppo_update(loss_cls, sample, action_spec, steps=3):
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import OneHotCategorical, ProbabilisticActor, ValueOperator
+
+    torch.manual_seed(1)
+    actor = ProbabilisticActor(
+        TensorDictModule(
+            torch.nn.Sequential(
+                torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)
+            ),
+            in_keys=["observation"],
+            out_keys=["logits"],
+        ),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        spec=action_spec,
+        return_log_prob=True,
+    )
+    value = ValueOperator(
+        torch.nn.Sequential(
+            torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+        ),
+        in_keys=["observation"],
+    )
+    loss = loss_cls(actor, value, normalize_advantage=True)
+    optim = torch.optim.Adam(loss.parameters(), lr=1e-2)
+    for _ in range(steps):
+        out = loss(sample.clone())
+        total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+        optim.zero_grad()
+        total.backward()
+        optim.step()
+    return [p.detach().clone() for p in loss.parameters()]
+
+
+class TestEndToEnd:
+    """A PPO update on ``pad_output=True`` samples equals the ragged one."""
+
+    @pytest.mark.parametrize("storage", ["tensor", "memmap"])
+    @pytest.mark.parametrize("loss_name", ["ClipPPOLoss", "KLPENPPOLoss"])
+    def test_ppo_update_on_padded_sample(self, storage, loss_name, tmp_path, cartpole):
+        from torchrl import objectives
+        from torchrl.data import (
+            LazyMemmapStorage,
+            LazyTensorStorage,
+            SliceSampler,
+            TensorDictReplayBuffer,
+        )
+
+        data, action_spec = cartpole
+        if storage == "tensor":
+            store = LazyTensorStorage(1000)
+        else:
+            store = LazyMemmapStorage(1000, scratch_dir=tmp_path)
+        kwargs = {"num_slices": 4, "end_key": ("next", "done")}
+        padded_rb = TensorDictReplayBuffer(
+            storage=store,
+            sampler=SliceSampler(strict_length=False, pad_output=True, **kwargs),
+            batch_size=120,
+        )
+        padded_rb.extend(data)
+        ragged_rb = TensorDictReplayBuffer(
+            storage=store,
+            sampler=SliceSampler(strict_length=False, **kwargs),
+            batch_size=120,
+        )
+        torch.manual_seed(5)
+        padded = padded_rb.sample()
+        torch.manual_seed(5)
+        ragged = ragged_rb.sample()
+        mask = padded.get(MASK_KEY)
+        # the sample does hold padded rows, and the ragged one is its real rows
+        assert (~mask).any()
+        assert ragged.shape[0] == int(mask.sum())
+        torch.testing.assert_close(padded["observation"][mask], ragged["observation"])
+        loss_cls = getattr(objectives, loss_name)
+        expected = _ppo_update(loss_cls, ragged, action_spec)
+        got = _ppo_update(loss_cls, padded, action_spec)
+        torch.testing.assert_close(got, expected)
+        # control: ignoring the mask gives another update
+        ignored = _ppo_update(loss_cls, padded.exclude(MASK_KEY), action_spec)
+        assert any(not torch.allclose(a, b) for a, b in zip(ignored, expected))
