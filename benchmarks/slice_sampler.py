@@ -17,6 +17,7 @@ Run with ``python benchmarks/slice_sampler.py`` (``make bench`` runs it).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -67,6 +68,17 @@ def _make_buffer(truncated_key):
     return rb, storage
 
 
+def _interleaved_medians(fns, repeat: int, warmup: int = 3) -> list[float]:
+    """Median wall time of each function, timed in turn so drift hits all alike."""
+    for fn in fns:
+        median_time(fn, repeat=1, warmup=warmup)
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, acc in zip(fns, times):
+            acc.append(median_time(fn, repeat=1, warmup=0))
+    return [statistics.median(acc) for acc in times]
+
+
 def measure(args: argparse.Namespace) -> dict:
     import torch
 
@@ -80,15 +92,16 @@ def measure(args: argparse.Namespace) -> dict:
         rb, storage = _make_buffer(truncated_key)
         # the rows of one sample: same count and same memory locality
         idx = rb.sample(return_info=True)[1]["index"]
-        gather = median_time(lambda storage=storage, idx=idx: storage[idx], args.repeat)
-        sample = median_time(rb.sample, args.repeat)
+        gather, sample = _interleaved_medians(
+            [lambda storage=storage, idx=idx: storage[idx], rb.sample], args.repeat
+        )
         out[name] = {"ratio": sample / gather}
     return out
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--repeat", type=int, default=25)
     main(
         __file__,
         "rb.sample() / one gather of the sampled rows (lower is better; 1.0 is the floor)",

@@ -48,12 +48,6 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _unravel_key(key: NestedKey) -> NestedKey:
-    if isinstance(key, tuple) and len(key) == 1:
-        return key[0]
-    return key
-
-
 def _first_item(storage) -> Any:
     """First stored item of a list-like storage, or ``None`` when it is empty."""
     items = getattr(storage, "_storage", None)
