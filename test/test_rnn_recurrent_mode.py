@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from tensordict import TensorDict
 from torch import nn
-from torch.nn.utils.rnn import pack_sequence, PackedSequence
+from torch.nn.utils.rnn import PackedSequence
 
 from torchrl.data import (
     LazyMemmapStorage,
@@ -86,11 +86,12 @@ def _slices(is_init):
     return [(start, end - start) for start, end in zip(starts, ends)]
 
 
-def _reference(module, sample, full_length_only=False):
+def _reference(module, sample):
     """Runs the module's RNN slice by slice; returns the output and the final states.
 
-    The final states are zero except at the last step of each slice (only the
-    slices as long as the longest one if ``full_length_only``).
+    The final states are zero except at the last step of each slice as long as
+    the longest one (the final state of a shorter one is not known after the
+    module's padded run, as in torchrl 0.12.0).
     """
     rnn = _rnn(module)
     keys = _state_keys(module)
@@ -107,7 +108,7 @@ def _reference(module, sample, full_length_only=False):
         )
         outputs.append(y.squeeze(0))
         final = final if isinstance(final, tuple) else (final,)
-        if not full_length_only or length == longest:
+        if length == longest:
             for i, value in enumerate(final):
                 finals[i][start + length - 1] = value.squeeze(1)
     shape = sample.shape
@@ -126,7 +127,7 @@ def _loss(output, finals, seed=1):
     return loss
 
 
-def _check(module, is_init, seed=0, full_length_only=False):
+def _check(module, is_init, seed=0):
     """Module in recurrent mode == slice-by-slice reference: outputs and gradients."""
     keys = _state_keys(module)
     sample = _sample(module, is_init, seed)
@@ -138,7 +139,7 @@ def _check(module, is_init, seed=0, full_length_only=False):
     params = list(module.parameters())
     grads = torch.autograd.grad(_loss(output, finals), inputs + params)
 
-    ref_output, ref_finals = _reference(module, sample, full_length_only)
+    ref_output, ref_finals = _reference(module, sample)
     ref_grads = torch.autograd.grad(_loss(ref_output, ref_finals), inputs + params)
 
     torch.testing.assert_close(output, ref_output, rtol=1e-5, atol=1e-5)
@@ -193,6 +194,23 @@ class TestMatchesReference:
         is_init.view(-1, shape[-1])[-1, 3] = True
         _check(module, is_init)
 
+    @pytest.mark.parametrize(
+        "lengths", [[3, 7, 1, 5, 7], [4, 4, 4], [2, 6, 6, 1]], ids=str
+    )
+    def test_no_grad(self, kind, num_layers, python_based, lengths):
+        # without gradients, variable-length slices may take another layout
+        module = _module(kind, num_layers, python_based)
+        sample = _sample(module, _flat_is_init(lengths))
+        with torch.no_grad():
+            ref_output, ref_finals = _reference(module, sample)
+            with set_recurrent_mode(True):
+                result = module(sample.copy())
+        torch.testing.assert_close(result["out"], ref_output, rtol=1e-5, atol=1e-5)
+        for key, ref_final in zip(_state_keys(module), ref_finals):
+            torch.testing.assert_close(
+                result["next", key], ref_final, rtol=1e-5, atol=1e-5
+            )
+
     @pytest.mark.parametrize("shape", [(3, 6), (2, 2, 5)])
     def test_batch_dims_no_reset(self, kind, num_layers, python_based, shape):
         # rows start a slice even where is_init is False
@@ -212,11 +230,24 @@ class TestLayout:
         assert rnn_input.shape == (5, 4, INPUT)
         assert rnn_input.data_ptr() == sample["obs"].data_ptr()
 
-    def test_variable_lengths_packed(self, kind):
+    def test_variable_lengths_pad_only_the_input(self, kind):
         module = _module(kind)
         sample = _sample(module, _flat_is_init([2, 5, 3]))
         capture = _Capture(_rnn(module))
         with set_recurrent_mode(True):
+            module(sample.copy())
+        (rnn_input,) = capture.inputs
+        assert rnn_input.shape == (3, 5, INPUT)
+        obs = sample["obs"].detach()
+        torch.testing.assert_close(rnn_input[1], obs[2:7])
+        torch.testing.assert_close(rnn_input[2, :3], obs[7:])
+        assert (rnn_input[0, 2:] == 0).all() and (rnn_input[2, 3:] == 0).all()
+
+    def test_no_grad_variable_lengths_packed(self, kind):
+        module = _module(kind)
+        sample = _sample(module, _flat_is_init([2, 5, 3]))
+        capture = _Capture(_rnn(module))
+        with torch.no_grad(), set_recurrent_mode(True):
             module(sample.copy())
         (rnn_input,) = capture.inputs
         assert isinstance(rnn_input, PackedSequence)
@@ -295,6 +326,26 @@ class TestRandomLayouts:
         module = _module(kind, num_layers, python_based)
         _check(module, is_init, seed)
 
+    @settings(max_examples=20, deadline=None)
+    @given(
+        is_init=_layouts(),
+        kind=st.sampled_from(["lstm", "gru"]),
+        num_layers=st.integers(1, 2),
+        seed=st.integers(0, 2**16),
+    )
+    def test_matches_reference_no_grad(self, is_init, kind, num_layers, seed):
+        module = _module(kind, num_layers)
+        sample = _sample(module, is_init, seed)
+        with torch.no_grad():
+            ref_output, ref_finals = _reference(module, sample)
+            with set_recurrent_mode(True):
+                result = module(sample.copy())
+        torch.testing.assert_close(result["out"], ref_output, rtol=1e-5, atol=1e-5)
+        for key, ref_final in zip(_state_keys(module), ref_finals):
+            torch.testing.assert_close(
+                result["next", key], ref_final, rtol=1e-5, atol=1e-5
+            )
+
 
 def _storage(kind, tmp_path, size=1000):
     if kind == "tensor":
@@ -364,58 +415,20 @@ class _PaddedOnlyLSTM(nn.Module):
 
 
 class TestUserRNN:
-    def test_nn_lstm_is_packed(self):
-        # an nn.LSTM passed by the user is used with packed sequences too
+    def test_nn_lstm(self):
         module = LSTMModule(
             lstm=nn.LSTM(INPUT, HIDDEN, batch_first=True),
             in_keys=["obs", "h", "c"],
             out_keys=["out", ("next", "h"), ("next", "c")],
         )
-        capture = _Capture(module.lstm)
         _check(module, _flat_is_init([2, 4, 1]))
-        assert isinstance(capture.inputs[0], PackedSequence)
 
-    def test_padded_fallback(self):
-        # any other RNN gets zero-padded input; the final state of the slices
-        # shorter than the longest is unknown and left at zero
+    def test_rnn_taking_padded_tensors_only(self):
         torch.manual_seed(0)
         module = LSTMModule(
             lstm=_PaddedOnlyLSTM(),
             in_keys=["obs", "h", "c"],
             out_keys=["out", ("next", "h"), ("next", "c")],
         )
-        capture = _Capture(module.lstm)
-        _check(module, _flat_is_init([2, 4, 1, 4]), full_length_only=True)
-        assert capture.inputs[0].shape == (4, 4, INPUT)
-
-
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
-@pytest.mark.parametrize("num_layers", [1, 2])
-@pytest.mark.parametrize("bias", [True, False])
-def test_python_based_packed_sequence(kind, num_layers, bias):
-    """The python-based LSTM/GRU take a PackedSequence like torch.nn.LSTM/GRU."""
-    from torchrl.modules import GRU, LSTM
-
-    torch.manual_seed(0)
-    cls, ref_cls = (LSTM, nn.LSTM) if kind == "lstm" else (GRU, nn.GRU)
-    ref = ref_cls(INPUT, HIDDEN, num_layers=num_layers, bias=bias, batch_first=True)
-    rnn = cls(INPUT, HIDDEN, num_layers=num_layers, bias=bias, batch_first=True)
-    rnn.load_state_dict(ref.state_dict())
-    lengths = [3, 6, 1, 4]
-    seqs = [torch.randn(length, INPUT, requires_grad=True) for length in lengths]
-    h0 = torch.randn(num_layers, len(lengths), HIDDEN, requires_grad=True)
-    results = []
-    for module in (rnn, ref):
-        packed = pack_sequence(seqs, enforce_sorted=False)
-        hx = (h0, h0.tanh()) if kind == "lstm" else h0
-        output, final = module(packed, hx)
-        final = final if kind == "lstm" else (final,)
-        loss = output.data.pow(2).sum() + sum(f.sin().sum() for f in final)
-        grads = torch.autograd.grad(loss, seqs + [h0] + list(module.parameters()))
-        results.append((output.data, final, grads))
-    (output, final, grads), (ref_output, ref_final, ref_grads) = results
-    torch.testing.assert_close(output, ref_output, rtol=1e-5, atol=1e-5)
-    for f, ref_f in zip(final, ref_final):
-        torch.testing.assert_close(f, ref_f, rtol=1e-5, atol=1e-5)
-    for g, ref_g in zip(grads, ref_grads):
-        torch.testing.assert_close(g, ref_g, rtol=1e-4, atol=1e-5)
+        _check(module, _flat_is_init([2, 4, 1, 4]))
+        _check(module, _flat_is_init([3, 3, 3]))
