@@ -55,8 +55,10 @@ def _compare(name, reduction, real, padded, **loss_kwargs):
 class TestPaddedEqualsUnpadded:
     """Loss and gradients on a padded batch equal those on the ragged batch."""
 
-    @pytest.mark.parametrize("garbage", GARBAGE)
-    @pytest.mark.parametrize("reduction", ["mean", "sum"])
+    @pytest.mark.parametrize(
+        "reduction,garbage",
+        [("mean", garbage) for garbage in GARBAGE] + [("sum", "huge")],
+    )
     @pytest.mark.parametrize("name", COVERED)
     def test_loss_and_grads(self, name, reduction, garbage):
         real, padded = slice_batches(name, *layout(name), garbage=garbage)
@@ -114,7 +116,11 @@ class TestPaddedEqualsUnpadded:
 
     @pytest.mark.parametrize("name", COVERED)
     def test_reduction_none_keeps_rows(self, name):
-        real, padded = slice_batches(name, *layout(name))
+        # split_trajs layout: the value estimators must not leak the zeros
+        # into the last real steps of the per-row values either
+        lengths, pad_to = layout(name)
+        real, padded = slice_batches(name, lengths, pad_to, garbage="zeros")
+        padded = split_trajs_layout(padded, lengths)
         mask = padded.get(MASK_KEY)
         torch.manual_seed(3)
         expected, _ = loss_and_grads(make_loss(name, reduction="none"), real)
@@ -268,7 +274,7 @@ class TestCQLPerRow:
 class TestAdaptiveTerms:
     """Statistics over the batch only see the real rows."""
 
-    @pytest.mark.parametrize("garbage", ["huge", "random"])
+    @pytest.mark.parametrize("garbage", ["random"])
     def test_klpen_beta(self, garbage):
         real, padded = slice_batches("klpenppo", LENGTHS, PAD_TO, garbage=garbage)
         betas = []
