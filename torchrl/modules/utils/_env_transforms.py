@@ -35,7 +35,7 @@ _PRIMER_ERRORS = (RuntimeError, ValueError, NotImplementedError)
 _TORCHRL_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
-class _PolicyTransformsFutureWarning(FutureWarning):
+class PolicyTransformsFutureWarning(FutureWarning):
     """The ``FutureWarning`` emitted when ``auto_register_policy_transforms`` is left to its default.
 
     A dedicated subclass lets multiprocessed collectors recognise this warning
@@ -508,9 +508,7 @@ def _emit_policy_transforms_warning(message: str) -> None:
         if message not in _worker_warning_sink:
             _worker_warning_sink.append(message)
         return
-    warnings.warn(
-        message, _PolicyTransformsFutureWarning, stacklevel=_user_stacklevel()
-    )
+    warnings.warn(message, PolicyTransformsFutureWarning, stacklevel=_user_stacklevel())
 
 
 def _warn_missing_policy_transforms(owner: str, missing: Sequence) -> None:
