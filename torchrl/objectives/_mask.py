@@ -15,7 +15,13 @@ padded ones. The helpers below make a loss honour it:
   overflow, produce ``NaN`` or back-propagate a non-finite gradient, whatever
   the padded rows hold;
 * :func:`_masked_reduce` and :func:`_masked_mean` reduce over the real rows
-  only.
+  only;
+* :func:`_masked_estimate` wraps the value estimators' ``forward`` and
+  ``value_estimate`` so that no trace runs from a padded step into a real one.
+
+Padded rows are never dropped before the loss is computed (the batch shape is
+kept, which recurrent modules and ``reduction="none"`` rely on): they are made
+harmless, then left out of every reduction and batch statistic.
 """
 from __future__ import annotations
 
