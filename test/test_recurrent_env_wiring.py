@@ -21,6 +21,8 @@ from _recurrent_policies import (
     state_keys,
     TwoAgentEnv,
 )
+from tensordict.nn import TensorDictModule as Mod
+from torch import nn
 from torchrl.envs import (
     AutoResetEnv,
     Compose,
@@ -31,7 +33,11 @@ from torchrl.envs import (
     TensorDictPrimer,
     TransformedEnv,
 )
-from torchrl.modules import get_env_transforms_from_module, get_primers_from_module
+from torchrl.modules import (
+    get_env_transforms_from_module,
+    get_primers_from_module,
+    MultiStepActorWrapper,
+)
 from torchrl.modules.utils._env_transforms import (
     _append_missing_env_transforms,
     _missing_env_transforms,
@@ -156,6 +162,19 @@ class TestGetEnvTransformsFromModule:
         env = TransformedEnv(make_cartpole(), transforms)
         data = env.rollout(3, policy)
         assert data["is_init"][0].all() and data["my_init"][0].all()
+
+    def test_init_key_attribute(self):
+        # MultiStepActorWrapper reads the key named by its ``init_key`` attribute
+        actor = Mod(nn.Linear(4, 2), in_keys=["observation"], out_keys=["action"])
+        wrapper = MultiStepActorWrapper(
+            actor, n_steps=2, action_keys=["action"], init_key="start"
+        )
+        transforms = get_env_transforms_from_module(wrapper)
+        assert [t.init_key for t in transforms] == ["start"]
+        # it needs a tracker and no primer: that is all the env gets
+        env = make_cartpole(policy=wrapper)
+        assert [type(t) for t in _transforms(env)] == [InitTracker]
+        assert "start" in env.observation_spec.keys()
 
     def test_fresh_transforms_each_call(self):
         policy = make_recurrent_policy()
