@@ -302,6 +302,14 @@ def test_missing_one_lstm_state():
         module(sample.exclude("c"))
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_empty_batch(kind):
+    module = _module(kind)
+    sample = _sample(module, torch.zeros(0, dtype=torch.bool))
+    with set_recurrent_mode(True), pytest.raises(ValueError, match="empty batch"):
+        module(sample)
+
+
 @st.composite
 def _layouts(draw):
     """A batch shape ``[*B, T]`` and an is_init over it, with resets anywhere."""

@@ -182,6 +182,11 @@ def _recurrent_forward(
     batch_shape = value.shape[:-1]
     steps = batch_shape[-1] if batch_shape else 1
     numel = batch_shape.numel()
+    if numel == 0:
+        raise ValueError(
+            f"{type(module).__name__} got an empty batch of size {tuple(batch_shape)} "
+            "in recurrent mode: pass at least one step."
+        )
     split = _SliceSplit(tensordict.get("is_init").reshape(numel // steps, steps))
 
     if states[0] is None:
