@@ -91,6 +91,9 @@ def make_policy(env):
 def main(argv=None) -> dict[str, float]:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
+    # Tiny models, and the collector thread runs next to the training loop:
+    # more intra-op threads only make them wait on each other.
+    torch.set_num_threads(1)
 
     env = GymEnv("CartPole-v1")
     env.set_seed(args.seed)

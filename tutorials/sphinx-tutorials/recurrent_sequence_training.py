@@ -36,6 +36,9 @@ from torchrl.envs import GymEnv
 from torchrl.modules import LSTMModule, set_recurrent_mode
 
 torch.manual_seed(0)
+# The models here are tiny: one CPU thread is faster than several, which would
+# mostly wait on each other.
+torch.set_num_threads(1)
 
 ######################################################################
 # A recurrent policy: an LSTM over the CartPole observation, a linear head
