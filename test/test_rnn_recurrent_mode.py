@@ -21,7 +21,6 @@ from torch.nn.utils.rnn import PackedSequence
 from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
-    ListStorage,
     SliceSampler,
     TensorDictReplayBuffer,
 )
@@ -358,9 +357,7 @@ class TestRandomLayouts:
 def _storage(kind, tmp_path, size=1000):
     if kind == "tensor":
         return LazyTensorStorage(size)
-    if kind == "memmap":
-        return LazyMemmapStorage(size, scratch_dir=tmp_path)
-    return ListStorage(size)
+    return LazyMemmapStorage(size, scratch_dir=tmp_path)
 
 
 class TestCartPoleSlices:
