@@ -237,15 +237,13 @@ class TestPersistence:
 
 class TestCollector:
     def test_cartpole_collector_buffer(self):
-        from torchrl.collectors import SyncDataCollector
+        from torchrl.collectors import Collector
         from torchrl.envs import GymEnv, InitTracker, TransformedEnv
 
         torch.manual_seed(0)
         env = TransformedEnv(GymEnv("CartPole-v1"), InitTracker())
         env.set_seed(0)
-        collector = SyncDataCollector(
-            env, policy=None, frames_per_batch=200, total_frames=200
-        )
+        collector = Collector(env, policy=None, frames_per_batch=200, total_frames=200)
         sampler = SliceSampler(slice_len=8, strict_length=False)
         rb = TensorDictReplayBuffer(
             storage=LazyTensorStorage(1000), sampler=sampler, batch_size=64
