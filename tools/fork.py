@@ -224,6 +224,15 @@ class Fork:
                 str(self.cache),
                 f"torchrl=={pin['version']}",
             ]
+            # The pinned file, whatever the running interpreter: its Python
+            # sources are the same for every Python, and the C++ extension is
+            # recompiled for the interpreter that builds the wheel.
+            python, abi, platform = pin["wheel"][: -len(".whl")].split("-")[-3:]
+            if python.startswith("cp"):
+                cmd += ["--implementation", "cp", "--abi", abi]
+                cmd += ["--python-version", f"{python[2]}.{python[3:]}"]
+            for plat in platform.split("."):
+                cmd += ["--platform", plat]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0 or not path.is_file():
                 raise ForkError(
