@@ -8,7 +8,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 FORK := $(PY) tools/fork.py
 # requirements/*.txt name what each job needs; constraints.txt pins the rest.
 CONSTRAINTS := requirements/constraints.txt
-REQS := $(addprefix requirements/,runtime.txt build.txt test.txt lint.txt)
+REQS := $(addprefix requirements/,runtime.txt build.txt test.txt)
 OVERLAY := $(shell find torchrl -type f ! -path '*/__pycache__/*' 2>/dev/null)
 # Our own Python files, held to upstream's lint bar.
 OWN_PY = $(shell git ls-files --cached --others --exclude-standard -- '*.py')
@@ -20,6 +20,12 @@ OWN_PY = $(shell git ls-files --cached --others --exclude-standard -- '*.py')
 $(VENV)/.deps: $(REQS) $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c $(CONSTRAINTS) $(foreach r,$(REQS),-r $(r))
+	touch $@
+
+# Lint and docs toolchains are pinned for Python 3.11 (libcst 1.0.1 has no
+# newer wheels): a unit-test run on another Python does not install them.
+$(VENV)/.lint-deps: requirements/lint.txt $(CONSTRAINTS) | $(VENV)/.deps
+	$(PIP) install -q -c $(CONSTRAINTS) -r requirements/lint.txt
 	touch $@
 
 $(VENV)/.docs-deps: requirements/docs.txt $(CONSTRAINTS) | $(VENV)/.deps
@@ -59,7 +65,7 @@ upstream-diff: $(VENV)/.deps
 	@$(FORK) upstream-diff
 
 # Patched upstream modules (as they are in build/fork) and all our own files.
-lint: $(VENV)/.deps build/fork
+lint: $(VENV)/.lint-deps build/fork
 	$(VENV)/bin/ufmt check $(PATCHED_PY) $(OWN_PY)
 	$(VENV)/bin/flake8 $(PATCHED_PY) $(OWN_PY)
 
