@@ -150,18 +150,14 @@ class TestWorkflows:
                     assert ("run" in step) != ("uses" in step), (name, job_name, step)
 
     def test_python_matrix(self):
-        versions, required = set(), set()
+        versions = set()
         for wf in _workflows().values():
             for job in wf["jobs"].values():
-                for entry in (
-                    job.get("strategy", {}).get("matrix", {}).get("include", [])
-                ):
-                    versions.add(entry["python-version"])
-                    if not entry.get("experimental", False):
-                        required.add(entry["python-version"])
+                matrix = job.get("strategy", {}).get("matrix", {})
+                versions.update(matrix.get("python-version", []))
+                # No job may fail without failing its workflow.
+                assert not job.get("continue-on-error", False), job
         assert versions == {"3.10", "3.11", "3.12"}
-        # The pinned wheel is cp311: that job must pass.
-        assert required == {"3.11"}
 
     def test_jobs_cover_the_issue(self):
         runs = "\n".join(_run_steps(_workflows()))
