@@ -74,7 +74,7 @@ PATCHED_PY = $(patsubst %.patch,build/fork/%,$(filter %.py.patch,$(OVERLAY)))
 pytest:
 	$(PY) -m pytest -n auto -q
 
-test: install build/fork
+test: install build/fork $(VENV)/.lint-deps $(VENV)/.docs-deps
 	$(MAKE) --no-print-directory check lint pytest
 
 demo: install
