@@ -15,8 +15,6 @@ Three concerns live here, so that the sampler module only calls them:
 """
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 from typing import Any
 
@@ -24,6 +22,7 @@ import torch
 from tensordict import is_tensor_collection
 from tensordict.utils import NestedKey
 
+from torchrl._user_stacklevel import _user_stacklevel
 from torchrl._utils import _replace_last
 
 #: Key written by the collectors, preferred over ``"episode"``.
@@ -34,18 +33,6 @@ EPISODE_KEY = "episode"
 IS_INIT_KEY = "is_init"
 #: Key of the padding mask produced with ``pad_output=True``.
 MASK_KEY = ("collector", "mask")
-
-_TORCHRL_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-
-
-def _user_stacklevel() -> int:
-    """Stack level of the first frame outside of torchrl, seen from the caller of ``warnings.warn``."""
-    frame = sys._getframe(2)
-    level = 2
-    while frame is not None and frame.f_code.co_filename.startswith(_TORCHRL_ROOT):
-        frame = frame.f_back
-        level += 1
-    return level
 
 
 def _first_item(storage) -> Any:

@@ -15,13 +15,12 @@ missing ones.
 """
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 from collections.abc import Sequence
 
 from tensordict.utils import NestedKey, unravel_key
 from torch import nn
+from torchrl._user_stacklevel import _user_stacklevel
 
 __all__ = ["get_env_transforms_from_module"]
 
@@ -32,8 +31,6 @@ _DEFAULT_INIT_KEY = "is_init"
 # RuntimeError). Anything else is a bug and propagates.
 _PRIMER_ERRORS = (RuntimeError, ValueError, NotImplementedError)
 
-_TORCHRL_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-
 
 class PolicyTransformsFutureWarning(FutureWarning):
     """The ``FutureWarning`` emitted when ``auto_register_policy_transforms`` is left to its default.
@@ -41,23 +38,6 @@ class PolicyTransformsFutureWarning(FutureWarning):
     A dedicated subclass lets multiprocessed collectors recognise this warning
     in their workers and re-emit it once in the main process.
     """
-
-
-def _user_stacklevel() -> int:
-    """Returns the ``stacklevel`` that points at the first frame outside of torchrl.
-
-    Metaclasses, collector factories and private helpers add a variable number
-    of frames between the user's line and the call to :func:`warnings.warn`;
-    counting them makes the warning point at the user's code whatever the path.
-    """
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
-        _TORCHRL_DIR + os.sep
-    ):
-        frame = frame.f_back
-        level += 1
-    return level
 
 
 def _check_bool(name: str, value, allow_none: bool = False) -> None:
