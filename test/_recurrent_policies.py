@@ -17,7 +17,14 @@ from tensordict.nn import (
 )
 from torch import nn
 from torchrl.data import Categorical, Composite, Unbounded
-from torchrl.envs import EnvBase, GymEnv, InitTracker, TensorDictPrimer
+from torchrl.envs import (
+    Compose,
+    EnvBase,
+    GymEnv,
+    InitTracker,
+    TensorDictPrimer,
+    TransformedEnv,
+)
 from torchrl.modules import (
     ConsistentDropoutModule,
     GRUModule,
@@ -29,6 +36,22 @@ from torchrl.modules import (
 OBS_DIM = 4
 N_ACTIONS = 2
 HIDDEN = 8
+
+
+def env_transforms(env) -> list:
+    """Every transform of ``env`` and of the envs it wraps, outermost last."""
+    found = []
+    while isinstance(env, TransformedEnv):
+        transform = env.transform
+        found = (
+            list(transform) if isinstance(transform, Compose) else [transform]
+        ) + found
+        env = env.base_env
+    return found
+
+
+def count_transforms(env, cls) -> int:
+    return sum(isinstance(t, cls) for t in env_transforms(env))
 
 
 def make_cartpole(**kwargs):

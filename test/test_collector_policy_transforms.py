@@ -9,6 +9,8 @@ import warnings
 
 import pytest
 from _recurrent_policies import (
+    count_transforms as _count,
+    env_transforms as _transforms,
     make_agents_policy,
     make_cartpole,
     make_dropout_lstm_policy,
@@ -21,31 +23,10 @@ from _recurrent_policies import (
     TwoAgentEnv,
 )
 from torchrl.collectors import Collector, MultiCollector
-from torchrl.envs import (
-    Compose,
-    InitTracker,
-    SerialEnv,
-    TensorDictPrimer,
-    TransformedEnv,
-)
+from torchrl.envs import InitTracker, SerialEnv, TensorDictPrimer, TransformedEnv
 from torchrl.modules.utils._env_transforms import PolicyTransformsFutureWarning
 
 FRAMES = 8
-
-
-def _transforms(env) -> list:
-    found = []
-    while isinstance(env, TransformedEnv):
-        transform = env.transform
-        found = (
-            list(transform) if isinstance(transform, Compose) else [transform]
-        ) + found
-        env = env.base_env
-    return found
-
-
-def _count(env, cls) -> int:
-    return sum(isinstance(t, cls) for t in _transforms(env))
 
 
 def _first_batch(collector):

@@ -10,6 +10,8 @@ import warnings
 import pytest
 import torch
 from _recurrent_policies import (
+    count_transforms as _count,
+    env_transforms as _transforms,
     make_agents_policy,
     make_cartpole,
     make_dropout_lstm_policy,
@@ -42,22 +44,6 @@ from torchrl.modules.utils._env_transforms import (
     _append_missing_env_transforms,
     _missing_env_transforms,
 )
-
-
-def _transforms(env) -> list:
-    """Every transform of ``env`` and of the envs it wraps, outermost last."""
-    found = []
-    while isinstance(env, TransformedEnv):
-        transform = env.transform
-        found = (
-            list(transform) if isinstance(transform, Compose) else [transform]
-        ) + found
-        env = env.base_env
-    return found
-
-
-def _count(env, cls) -> int:
-    return sum(isinstance(t, cls) for t in _transforms(env))
 
 
 class TestGetPrimersFromModule:
