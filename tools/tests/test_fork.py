@@ -321,6 +321,8 @@ class TestUpstreamDiff:
             "docs/source/reference/page.rst": "Page\n====\n",
             "docs/source/conf.py": "project = 'fork only'\n",
             "tools/helper.py": "fork_only = True\n",
+            "test/test_fork_ci.py": "fork_only = True\n",
+            "benchmarks/bench.py": "fork_only = True\n",
             "Makefile": "all:\n",
         }.items():
             (repo.root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -329,6 +331,7 @@ class TestUpstreamDiff:
         assert b"index " not in diff
         assert b"docs/source/conf.py" not in diff and b"tools/helper.py" not in diff
         assert b"Makefile" not in diff and b"Base-SHA256" not in diff
+        assert b"test_fork_ci.py" not in diff and b"benchmarks/" not in diff
         target = tmp_path / "upstream-checkout"
         repo.materialize(target)  # lays pristine + overlay: undo the overlay
         subprocess.run(["git", "checkout", "-q", "upstream", "--", "."], cwd=target)
