@@ -19,7 +19,11 @@ weighs on both alike. ``fwd+bwd`` times the forward pass and the backward pass
 of the sum of the outputs, ``no-grad`` the forward pass under
 :func:`torch.no_grad`.
 
-Run: ``python benchmarks/recurrent_mode.py [--repeat N] [--threads N]``.
+Each mode is measured in ``--rounds`` independent rounds (fresh data and
+modules, default 3) and the median ratio is printed: a single round on a busy
+2-core machine now and then reads 15% high.
+
+Run: ``python benchmarks/recurrent_mode.py [--repeat N] [--threads N] [--rounds N]``.
 """
 from __future__ import annotations
 
@@ -150,7 +154,10 @@ def measure(args: argparse.Namespace) -> dict:
     for kind in ("lstm", "gru"):
         for variable in (False, True):
             name = f"{kind} {'variable 8..32' if variable else 'equal 32'}"
-            results[name] = _case(kind, variable, args.repeat)
+            rounds = [_case(kind, variable, args.repeat) for _ in range(args.rounds)]
+            results[name] = {
+                col: statistics.median(r[col] for r in rounds) for col in rounds[0]
+            }
     return results
 
 
@@ -158,6 +165,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="independent rounds per mode; the median ratio is printed",
+    )
     _harness.main(
         str(Path(__file__).resolve()),
         "LSTMModule/GRUModule recurrent mode / bare torch RNN (median time ratio; "
