@@ -29,6 +29,13 @@ from torchrl.modules.utils._env_transforms import PolicyTransformsFutureWarning
 FRAMES = 8
 
 
+def _collector(env, policy=None, **kwargs) -> Collector:
+    """A one-batch collector of ``FRAMES`` frames."""
+    return Collector(
+        env, policy, frames_per_batch=FRAMES, total_frames=FRAMES, **kwargs
+    )
+
+
 def _first_batch(collector):
     try:
         for data in collector:
@@ -45,11 +52,9 @@ class TestAutoRegisterTrue:
     @pytest.mark.parametrize("kind", ["lstm", "gru"])
     @pytest.mark.parametrize("use_buffers", [True, False])
     def test_bare_env_collects(self, kind, use_buffers):
-        collector = Collector(
+        collector = _collector(
             make_cartpole(),
             make_recurrent_policy(kind),
-            frames_per_batch=FRAMES,
-            total_frames=FRAMES,
             use_buffers=use_buffers,
             auto_register_policy_transforms=True,
         )
@@ -66,11 +71,9 @@ class TestAutoRegisterTrue:
     def test_policy_kwarg_env_gets_one_tracker(self):
         policy = make_lstm_policy()
         env = make_cartpole(policy=policy)
-        collector = Collector(
+        collector = _collector(
             env,
             policy,
-            frames_per_batch=FRAMES,
-            total_frames=FRAMES,
             auto_register_policy_transforms=True,
         )
         assert _count(collector.env, InitTracker) == 1
@@ -81,11 +84,9 @@ class TestAutoRegisterTrue:
         # ParallelEnv children are covered (cheaper) in test_recurrent_env_wiring.py
         policy = make_lstm_policy()
         env = SerialEnv(2, make_tracked_cartpole)
-        collector = Collector(
+        collector = _collector(
             env,
             policy,
-            frames_per_batch=FRAMES,
-            total_frames=FRAMES,
             auto_register_policy_transforms=True,
         )
         assert _count(collector.env, InitTracker) == 0
@@ -96,11 +97,9 @@ class TestAutoRegisterTrue:
 
     def test_renamed_init_key(self):
         policy = make_my_init_policy()
-        collector = Collector(
+        collector = _collector(
             make_cartpole(),
             policy,
-            frames_per_batch=FRAMES,
-            total_frames=FRAMES,
             auto_register_policy_transforms=True,
         )
         trackers = [t for t in _transforms(collector.env) if isinstance(t, InitTracker)]
@@ -111,11 +110,9 @@ class TestAutoRegisterTrue:
         assert data["features"][:2, 0].tolist() == [1.0, 2.0]
 
     def test_nested_multi_agent(self):
-        collector = Collector(
+        collector = _collector(
             TwoAgentEnv(),
             make_agents_policy(),
-            frames_per_batch=FRAMES,
-            total_frames=FRAMES,
             auto_register_policy_transforms=True,
         )
         data = _first_batch(collector)
@@ -124,22 +121,18 @@ class TestAutoRegisterTrue:
 
     def test_nested_multi_agent_tracked(self):
         env = TwoAgentEnv().append_transform(InitTracker())
-        collector = Collector(
+        collector = _collector(
             env,
             make_agents_policy(),
-            frames_per_batch=FRAMES,
-            total_frames=FRAMES,
             auto_register_policy_transforms=True,
         )
         assert _count(collector.env, InitTracker) == 1
         collector.shutdown()
 
     def test_policy_factory(self):
-        collector = Collector(
+        collector = _collector(
             make_cartpole(),
             policy_factory=make_lstm_policy,
-            frames_per_batch=FRAMES,
-            total_frames=FRAMES,
             auto_register_policy_transforms=True,
         )
         data = _first_batch(collector)
@@ -147,11 +140,9 @@ class TestAutoRegisterTrue:
 
     def test_consistent_dropout_next_to_lstm(self):
         with pytest.warns(UserWarning, match="ConsistentDropoutModule") as record:
-            collector = Collector(
+            collector = _collector(
                 make_cartpole(),
                 make_dropout_lstm_policy(),
-                frames_per_batch=FRAMES,
-                total_frames=FRAMES,
                 auto_register_policy_transforms=True,
             )
         assert any(w.filename == __file__ for w in record)
@@ -159,11 +150,9 @@ class TestAutoRegisterTrue:
         assert data["is_init"][0].all() and "recurrent_state_h" in data.keys()
 
     def test_consistent_dropout_with_shape(self):
-        collector = Collector(
+        collector = _collector(
             make_cartpole(),
             make_dropout_lstm_policy(input_shape=(4,)),
-            frames_per_batch=FRAMES,
-            total_frames=FRAMES,
             auto_register_policy_transforms=True,
         )
         assert _count(collector.env, TensorDictPrimer) == 2
@@ -195,11 +184,9 @@ class TestAutoRegisterDefault:
     @pytest.mark.parametrize("use_buffers", [True, False])
     def test_error_when_policy_cannot_run(self, use_buffers):
         with pytest.raises(RuntimeError) as excinfo:
-            Collector(
+            _collector(
                 make_cartpole(),
                 make_lstm_policy(),
-                frames_per_batch=FRAMES,
-                total_frames=FRAMES,
                 use_buffers=use_buffers,
             )
         message = str(excinfo.value)
@@ -212,11 +199,9 @@ class TestAutoRegisterDefault:
         policy = make_lstm_policy()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            collector = Collector(
+            collector = _collector(
                 make_cartpole(policy=policy),
                 policy,
-                frames_per_batch=FRAMES,
-                total_frames=FRAMES,
             )
         collector.shutdown()
 
@@ -226,11 +211,9 @@ class TestAutoRegisterFalse:
         env = make_tracked_cartpole()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            collector = Collector(
+            collector = _collector(
                 env,
                 make_lstm_policy(),
-                frames_per_batch=FRAMES,
-                total_frames=FRAMES,
                 auto_register_policy_transforms=False,
             )
         assert collector.env is env
@@ -239,11 +222,9 @@ class TestAutoRegisterFalse:
 
     def test_bare_env_not_completed(self):
         with pytest.raises(KeyError, match="is_init"):
-            Collector(
+            _collector(
                 make_cartpole(),
                 make_lstm_policy(),
-                frames_per_batch=FRAMES,
-                total_frames=FRAMES,
                 auto_register_policy_transforms=False,
             )
 
@@ -254,11 +235,9 @@ class TestFeedForward:
         env = make_cartpole()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            collector = Collector(
+            collector = _collector(
                 env,
                 make_feedforward_policy(),
-                frames_per_batch=FRAMES,
-                total_frames=FRAMES,
                 auto_register_policy_transforms=mode,
             )
             assert collector.env is env
@@ -268,11 +247,9 @@ class TestFeedForward:
     def test_default_not_passed(self):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            collector = Collector(
+            collector = _collector(
                 make_cartpole(),
                 make_feedforward_policy(),
-                frames_per_batch=FRAMES,
-                total_frames=FRAMES,
             )
         assert not isinstance(collector.env, TransformedEnv)
         collector.shutdown()
@@ -284,11 +261,9 @@ class TestArgumentErrors:
             TypeError,
             match="auto_register_policy_transforms must be True, False or None",
         ):
-            Collector(
+            _collector(
                 make_cartpole(),
                 make_lstm_policy(),
-                frames_per_batch=FRAMES,
-                total_frames=FRAMES,
                 auto_register_policy_transforms="yes",
             )
 
@@ -313,11 +288,9 @@ class TestArgumentErrors:
 class TestSplitTrajsAdvisory:
     def test_warns(self):
         with pytest.warns(UserWarning, match="split_trajs=True") as record:
-            collector = Collector(
+            collector = _collector(
                 make_cartpole(),
                 make_feedforward_policy(),
-                frames_per_batch=FRAMES,
-                total_frames=FRAMES,
                 split_trajs=True,
             )
         found = [w for w in record if "split_trajs=True" in str(w.message)]
@@ -335,11 +308,9 @@ class TestSplitTrajsAdvisory:
         kwargs = {} if split_trajs is None else {"split_trajs": split_trajs}
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            collector = Collector(
+            collector = _collector(
                 make_cartpole(),
                 make_feedforward_policy(),
-                frames_per_batch=FRAMES,
-                total_frames=FRAMES,
                 **kwargs,
             )
         collector.shutdown()
