@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _slice_sampler_cases import make_sampler, make_storage, SAMPLERS, STORAGES
 from tensordict import TensorDict
 
 from torchrl.data import (
-    LazyMemmapStorage,
     LazyTensorStorage,
-    ListStorage,
-    PrioritizedSliceSampler,
     ReplayBuffer,
     SliceSampler,
     SliceSamplerWithoutReplacement,
@@ -23,6 +21,7 @@ from torchrl.modules import GRUModule, LSTMModule, set_recurrent_mode
 
 TRAJ_KEY = ("collector", "traj_ids")
 SLICE_LEN = 6
+CAPACITY = 500
 NUM_SLICES = 8
 # trajectory lengths of each env; some are shorter than SLICE_LEN
 LENGTHS = [[3, 12, 7, 20, 2, 16], [25, 4, 31]]
@@ -70,27 +69,11 @@ def _data(ndim, *, is_init=True, hidden=False):
     return data
 
 
-def _storage(kind, tmp_path):
-    if kind == "tensor":
-        return LazyTensorStorage(500)
-    if kind == "tensor2d":
-        return LazyTensorStorage(500, ndim=2)
-    if kind == "memmap":
-        return LazyMemmapStorage(500, scratch_dir=tmp_path)
-    return ListStorage(500)
-
-
-def _sampler(cls, **kwargs):
-    if cls is PrioritizedSliceSampler:
-        return cls(max_capacity=500, alpha=0.7, beta=0.9, **kwargs)
-    return cls(**kwargs)
-
-
 def _buffer(kind, tmp_path, cls=SliceSampler, data_kwargs=None, **kwargs):
     ndim = 2 if kind == "tensor2d" else 1
-    sampler = _sampler(cls, slice_len=SLICE_LEN, **kwargs)
+    sampler = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN, **kwargs)
     rb = TensorDictReplayBuffer(
-        storage=_storage(kind, tmp_path),
+        storage=make_storage(kind, tmp_path, CAPACITY),
         sampler=sampler,
         batch_size=SLICE_LEN * NUM_SLICES,
     )
@@ -117,10 +100,6 @@ def _slice_starts(sample, *, truncated_key, strict_length):
     traj, step = sample[TRAJ_KEY], sample["step"]
     brk = (traj[1:] != traj[:-1]) | (step[1:] != step[:-1] + 1)
     return torch.cat([torch.zeros(1, dtype=torch.long), brk.nonzero()[:, 0] + 1]), False
-
-
-STORAGES = ["tensor", "memmap", "list", "tensor2d"]
-SAMPLERS = [SliceSampler, SliceSamplerWithoutReplacement, PrioritizedSliceSampler]
 
 
 @pytest.mark.parametrize("kind", STORAGES)

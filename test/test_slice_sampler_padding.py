@@ -9,12 +9,11 @@ import pickle
 
 import pytest
 import torch
+from _slice_sampler_cases import make_sampler, make_storage, SAMPLERS, STORAGES
 from tensordict import TensorDict
 
 from torchrl.data import (
-    LazyMemmapStorage,
     LazyTensorStorage,
-    ListStorage,
     PrioritizedSliceSampler,
     SliceSampler,
     SliceSamplerWithoutReplacement,
@@ -24,6 +23,7 @@ from torchrl.data import (
 MASK = ("collector", "mask")
 TRAJ_KEY = ("collector", "traj_ids")
 SLICE_LEN = 8
+CAPACITY = 200
 NUM_SLICES = 10
 # per env: trajectory lengths, many shorter than SLICE_LEN
 LENGTHS = [[3, 1, 12, 5, 9, 2], [6, 4, 2, 7, 11, 2]]
@@ -59,46 +59,32 @@ def _data(ndim):
     return data if ndim == 2 else data.reshape(-1)
 
 
-def _storage(kind, tmp_path):
-    if kind == "tensor":
-        return LazyTensorStorage(200)
-    if kind == "tensor2d":
-        return LazyTensorStorage(200, ndim=2)
-    if kind == "memmap":
-        return LazyMemmapStorage(200, scratch_dir=tmp_path)
-    return ListStorage(200)
-
-
-def _sampler(cls, **kwargs):
-    if cls is PrioritizedSliceSampler:
-        return cls(max_capacity=200, alpha=0.7, beta=0.9, **kwargs)
-    return cls(**kwargs)
-
-
-SAMPLERS = [SliceSampler, SliceSamplerWithoutReplacement, PrioritizedSliceSampler]
-STORAGES = ["tensor", "memmap", "list", "tensor2d"]
-
-
 class TestConstruction:
     @pytest.mark.parametrize("cls", SAMPLERS)
     def test_strict_length_raises(self, cls):
         with pytest.raises(ValueError, match="pad_output=True.*strict_length=False"):
-            _sampler(cls, slice_len=SLICE_LEN, pad_output=True)
+            make_sampler(cls, CAPACITY, slice_len=SLICE_LEN, pad_output=True)
         with pytest.raises(ValueError, match="strict_length"):
-            _sampler(cls, slice_len=SLICE_LEN, pad_output=True, strict_length=True)
+            make_sampler(
+                cls, CAPACITY, slice_len=SLICE_LEN, pad_output=True, strict_length=True
+            )
 
     @pytest.mark.parametrize("cls", SAMPLERS)
     @pytest.mark.parametrize("pad_output", [True, False])
     def test_repr(self, cls, pad_output):
-        sampler = _sampler(
-            cls, slice_len=SLICE_LEN, strict_length=False, pad_output=pad_output
+        sampler = make_sampler(
+            cls,
+            CAPACITY,
+            slice_len=SLICE_LEN,
+            strict_length=False,
+            pad_output=pad_output,
         )
         assert f"pad_output={pad_output}" in repr(sampler)
 
     @pytest.mark.parametrize("cls", SAMPLERS)
     def test_repr_of_old_pickle(self, cls):
         # an instance pickled before pad_output (and the key detection) existed
-        sampler = _sampler(cls, slice_len=SLICE_LEN, traj_key="episode")
+        sampler = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN, traj_key="episode")
         state = sampler.__getstate__()
         for name in ("pad_output", "_traj_key_auto", "_traj_key_resolved"):
             state.pop(name, None)
@@ -130,9 +116,10 @@ class TestPaddedSample:
         data = _data(2 if kind == "tensor2d" else 1)
         flat = data.reshape(-1)
         rb = TensorDictReplayBuffer(
-            storage=_storage(kind, tmp_path),
-            sampler=_sampler(
+            storage=make_storage(kind, tmp_path, CAPACITY),
+            sampler=make_sampler(
                 cls,
+                CAPACITY,
                 slice_len=SLICE_LEN,
                 strict_length=False,
                 pad_output=True,

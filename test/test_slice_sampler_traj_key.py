@@ -10,34 +10,19 @@ import warnings
 
 import pytest
 import torch
+from _slice_sampler_cases import (
+    make_sampler,
+    make_storage,
+    SAMPLERS,
+    STORAGES as ALL_STORAGES,
+)
 from tensordict import TensorDict
 
-from torchrl.data import (
-    LazyMemmapStorage,
-    LazyTensorStorage,
-    ListStorage,
-    PrioritizedSliceSampler,
-    SliceSampler,
-    SliceSamplerWithoutReplacement,
-    TensorDictReplayBuffer,
-)
+from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 
 COLLECTOR_KEY = ("collector", "traj_ids")
 SLICE_LEN = 4
-
-
-def _storage(kind, tmp_path, size=200):
-    if kind == "tensor":
-        return LazyTensorStorage(size)
-    if kind == "memmap":
-        return LazyMemmapStorage(size, scratch_dir=tmp_path)
-    return ListStorage(size)
-
-
-def _sampler(cls, **kwargs):
-    if cls is PrioritizedSliceSampler:
-        return cls(max_capacity=200, alpha=0.7, beta=0.9, **kwargs)
-    return cls(**kwargs)
+CAPACITY = 200
 
 
 def _data(*, collector=True, episode=True, done=True):
@@ -74,16 +59,15 @@ def _slices_groups(sample, period):
     return (groups == groups[:, :1]).all().item()
 
 
-STORAGES = ["tensor", "memmap", "list"]
-SAMPLERS = [SliceSampler, SliceSamplerWithoutReplacement, PrioritizedSliceSampler]
+STORAGES = [kind for kind in ALL_STORAGES if kind != "tensor2d"]
 
 
 @pytest.mark.parametrize("kind", STORAGES)
 @pytest.mark.parametrize("cls", SAMPLERS)
 class TestAutoDetection:
     def test_collector_key_wins_with_warning(self, kind, cls, tmp_path):
-        sampler = _sampler(cls, slice_len=SLICE_LEN)
-        rb = _buffer(_storage(kind, tmp_path), sampler, _data())
+        sampler = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN)
+        rb = _buffer(make_storage(kind, tmp_path, CAPACITY), sampler, _data())
         with pytest.warns(FutureWarning, match="collector.*traj_ids.*episode") as rec:
             sample = rb.sample()
         # the warning points at the user's line, not into torchrl
@@ -99,8 +83,10 @@ class TestAutoDetection:
                 assert _slices_groups(rb.sample(), 10)
 
     def test_collector_key_alone_no_warning(self, kind, cls, tmp_path):
-        sampler = _sampler(cls, slice_len=SLICE_LEN)
-        rb = _buffer(_storage(kind, tmp_path), sampler, _data(episode=False))
+        sampler = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN)
+        rb = _buffer(
+            make_storage(kind, tmp_path, CAPACITY), sampler, _data(episode=False)
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             for _ in range(5):
@@ -108,9 +94,11 @@ class TestAutoDetection:
         assert sampler.traj_key == COLLECTOR_KEY
 
     def test_episode_alone(self, kind, cls, tmp_path):
-        sampler = _sampler(cls, slice_len=SLICE_LEN)
+        sampler = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN)
         rb = _buffer(
-            _storage(kind, tmp_path), sampler, _data(collector=False, done=False)
+            make_storage(kind, tmp_path, CAPACITY),
+            sampler,
+            _data(collector=False, done=False),
         )
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -119,9 +107,11 @@ class TestAutoDetection:
         assert "traj_key=episode" in repr(sampler)
 
     def test_no_traj_key_uses_end_key(self, kind, cls, tmp_path):
-        sampler = _sampler(cls, slice_len=SLICE_LEN)
+        sampler = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN)
         rb = _buffer(
-            _storage(kind, tmp_path), sampler, _data(collector=False, episode=False)
+            make_storage(kind, tmp_path, CAPACITY),
+            sampler,
+            _data(collector=False, episode=False),
         )
         for _ in range(5):
             # done at steps 19 and 39: slices stay in [0, 20) or [20, 40)
@@ -134,7 +124,7 @@ class TestAutoDetection:
 class TestExplicitKeys:
     def test_explicit_traj_key_no_warning(self, kind, tmp_path):
         sampler = SliceSampler(slice_len=SLICE_LEN, traj_key="episode")
-        rb = _buffer(_storage(kind, tmp_path), sampler, _data())
+        rb = _buffer(make_storage(kind, tmp_path, CAPACITY), sampler, _data())
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             samples = [rb.sample() for _ in range(20)]
@@ -145,7 +135,7 @@ class TestExplicitKeys:
 
     def test_explicit_end_key(self, kind, tmp_path):
         sampler = SliceSampler(slice_len=SLICE_LEN, end_key=("next", "done"))
-        rb = _buffer(_storage(kind, tmp_path), sampler, _data())
+        rb = _buffer(make_storage(kind, tmp_path, CAPACITY), sampler, _data())
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             samples = [rb.sample() for _ in range(20)]
@@ -160,7 +150,9 @@ class TestEmptyStorage:
     def test_empty_first_sample_does_not_lock_in(self, kind, tmp_path):
         sampler = SliceSampler(slice_len=SLICE_LEN)
         rb = TensorDictReplayBuffer(
-            storage=_storage(kind, tmp_path), sampler=sampler, batch_size=20
+            storage=make_storage(kind, tmp_path, CAPACITY),
+            sampler=sampler,
+            batch_size=20,
         )
         with pytest.raises(RuntimeError):
             rb.sample()
@@ -173,16 +165,20 @@ class TestEmptyStorage:
 
 class TestPersistence:
     def _resolved(self, cls, tmp_path):
-        sampler = _sampler(cls, slice_len=SLICE_LEN)
-        rb = _buffer(_storage("tensor", tmp_path), sampler, _data(episode=False))
+        sampler = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN)
+        rb = _buffer(
+            make_storage("tensor", tmp_path, CAPACITY), sampler, _data(episode=False)
+        )
         rb.sample()
         return sampler
 
     @pytest.mark.parametrize("cls", SAMPLERS)
     def test_repr_shows_resolved_key(self, cls, tmp_path):
-        sampler = _sampler(cls, slice_len=SLICE_LEN)
+        sampler = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN)
         assert "auto-detected at the first sample" in repr(sampler)
-        rb = _buffer(_storage("tensor", tmp_path), sampler, _data(episode=False))
+        rb = _buffer(
+            make_storage("tensor", tmp_path, CAPACITY), sampler, _data(episode=False)
+        )
         rb.sample()
         assert "traj_key=('collector', 'traj_ids') (auto-detected)" in repr(sampler)
 
@@ -190,12 +186,12 @@ class TestPersistence:
     def test_state_dict_roundtrip(self, cls, tmp_path):
         sampler = self._resolved(cls, tmp_path)
         state = sampler.state_dict()
-        fresh = _sampler(cls, slice_len=SLICE_LEN)
+        fresh = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN)
         fresh.load_state_dict(state)
         assert fresh.traj_key == COLLECTOR_KEY
         assert "traj_key=('collector', 'traj_ids') (auto-detected)" in repr(fresh)
         # the restored key is used without a new detection (and no warning)
-        rb = _buffer(_storage("tensor", tmp_path), fresh, _data())
+        rb = _buffer(make_storage("tensor", tmp_path, CAPACITY), fresh, _data())
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert _slices_groups(rb.sample(), 10)
@@ -203,7 +199,9 @@ class TestPersistence:
     def test_state_dict_of_end_key_choice(self, tmp_path):
         sampler = SliceSampler(slice_len=SLICE_LEN)
         rb = _buffer(
-            _storage("tensor", tmp_path), sampler, _data(collector=False, episode=False)
+            make_storage("tensor", tmp_path, CAPACITY),
+            sampler,
+            _data(collector=False, episode=False),
         )
         rb.sample()
         fresh = SliceSampler(slice_len=SLICE_LEN)
@@ -229,7 +227,7 @@ class TestPersistence:
         restored = pickle.loads(pickle.dumps(sampler))
         assert restored.traj_key == COLLECTOR_KEY
         assert repr(restored) == repr(sampler) or "(auto-detected)" in repr(restored)
-        rb = _buffer(_storage("tensor", tmp_path), restored, _data())
+        rb = _buffer(make_storage("tensor", tmp_path, CAPACITY), restored, _data())
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert _slices_groups(rb.sample(), 10)

@@ -1,0 +1,37 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""Storages and samplers shared by the SliceSampler test modules."""
+from __future__ import annotations
+
+from torchrl.data import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    ListStorage,
+    PrioritizedSliceSampler,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
+
+SAMPLERS = [SliceSampler, SliceSamplerWithoutReplacement, PrioritizedSliceSampler]
+# "tensor2d" is a LazyTensorStorage with ndim=2 ([num_envs, T] layout).
+STORAGES = ["tensor", "memmap", "list", "tensor2d"]
+
+
+def make_storage(kind: str, tmp_path, capacity: int):
+    if kind == "tensor":
+        return LazyTensorStorage(capacity)
+    if kind == "tensor2d":
+        return LazyTensorStorage(capacity, ndim=2)
+    if kind == "memmap":
+        return LazyMemmapStorage(capacity, scratch_dir=tmp_path)
+    if kind == "list":
+        return ListStorage(capacity)
+    raise ValueError(f"unknown storage kind {kind!r}")
+
+
+def make_sampler(cls, capacity: int, **kwargs):
+    if cls is PrioritizedSliceSampler:
+        return cls(max_capacity=capacity, alpha=0.7, beta=0.9, **kwargs)
+    return cls(**kwargs)
