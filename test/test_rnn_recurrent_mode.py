@@ -156,6 +156,17 @@ def _flat_is_init(lengths, resets=()):
     return is_init
 
 
+def _assert_matches_reference_no_grad(module, sample):
+    """Recurrent mode under no_grad equals the slice-by-slice reference."""
+    with torch.no_grad():
+        ref_output, ref_finals = _reference(module, sample)
+        with set_recurrent_mode(True):
+            result = module(sample.copy())
+    torch.testing.assert_close(result["out"], ref_output, rtol=1e-5, atol=1e-5)
+    for key, ref_final in zip(_state_keys(module), ref_finals):
+        torch.testing.assert_close(result["next", key], ref_final, rtol=1e-5, atol=1e-5)
+
+
 class _Capture:
     """Records what the RNN receives, through a forward pre-hook."""
 
@@ -200,15 +211,7 @@ class TestMatchesReference:
         # without gradients, variable-length slices may take another layout
         module = _module(kind, num_layers, python_based)
         sample = _sample(module, _flat_is_init(lengths))
-        with torch.no_grad():
-            ref_output, ref_finals = _reference(module, sample)
-            with set_recurrent_mode(True):
-                result = module(sample.copy())
-        torch.testing.assert_close(result["out"], ref_output, rtol=1e-5, atol=1e-5)
-        for key, ref_final in zip(_state_keys(module), ref_finals):
-            torch.testing.assert_close(
-                result["next", key], ref_final, rtol=1e-5, atol=1e-5
-            )
+        _assert_matches_reference_no_grad(module, sample)
 
     @pytest.mark.parametrize("shape", [(3, 6), (2, 2, 5)])
     def test_batch_dims_no_reset(self, kind, num_layers, python_based, shape):
@@ -343,15 +346,7 @@ class TestRandomLayouts:
     def test_matches_reference_no_grad(self, is_init, kind, num_layers, seed):
         module = _module(kind, num_layers)
         sample = _sample(module, is_init, seed)
-        with torch.no_grad():
-            ref_output, ref_finals = _reference(module, sample)
-            with set_recurrent_mode(True):
-                result = module(sample.copy())
-        torch.testing.assert_close(result["out"], ref_output, rtol=1e-5, atol=1e-5)
-        for key, ref_final in zip(_state_keys(module), ref_finals):
-            torch.testing.assert_close(
-                result["next", key], ref_final, rtol=1e-5, atol=1e-5
-            )
+        _assert_matches_reference_no_grad(module, sample)
 
 
 def _storage(kind, tmp_path, size=1000):
