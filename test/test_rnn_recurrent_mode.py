@@ -2,7 +2,7 @@
 #
 # This source code is licensed under the MIT license found in the
 # LICENSE file in the root directory of this source tree.
-"""LSTMModule/GRUModule recurrent mode on flat sequence samples (issue 7).
+"""LSTMModule/GRUModule recurrent mode on flat sequence samples.
 
 Every result is compared with a reference computed by running the module's own
 RNN slice by slice, from the stored recurrent state at each slice start.
