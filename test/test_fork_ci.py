@@ -14,6 +14,7 @@ belong in the upstream diff.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -159,7 +160,7 @@ class TestWorkflows:
                 assert not job.get("continue-on-error", False), job
         assert versions == {"3.10", "3.11", "3.12"}
 
-    def test_jobs_cover_the_issue(self):
+    def test_jobs_cover_the_checks(self):
         runs = "\n".join(_run_steps(_workflows()))
         for target in ("pytest", "lint", "docs", "check", "upstream-diff"):
             assert re.search(rf"make\b[^\n]*\b{target}\b", runs), target
@@ -174,3 +175,155 @@ class TestWorkflows:
                 for word in words:
                     if not word.startswith("-") and "=" not in word:
                         assert word in targets, (word, line)
+
+
+def _ci_run_commands() -> list[str]:
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    return [line.strip() for line in lines if re.match(r"^\s*make\b", line)]
+
+
+class TestUpstreamTests:
+    """``make upstream-tests``: upstream's own suite against the fork, in CI."""
+
+    RUNNER = ROOT / ".ci" / "upstream_tests.py"
+
+    def test_target_and_ci(self):
+        assert ".ci/upstream_tests.py" in _make_targets()["upstream-tests"]
+        commands = _ci_run_commands()
+        assert commands[0] == "make test"
+        assert any(c.startswith("make upstream-tests") for c in commands[1:])
+
+    def test_requirements_pinned_and_locked(self):
+        reqs = (ROOT / "requirements" / "upstream-tests.txt").read_text().splitlines()
+        reqs = [r for r in reqs if r.strip() and not r.startswith("#")]
+        assert all(re.fullmatch(r"[\w.-]+==[\w.]+", r) for r in reqs), reqs
+        lock = (ROOT / "requirements" / "constraints.txt").read_text().splitlines()
+        for req in reqs:
+            assert any(line.split(";")[0].strip() == req for line in lock), req
+        names = {r.split("==")[0] for r in reqs}
+        assert {"pytest-timeout", "scipy", "psutil", "pytest-mock"} <= names
+
+    @staticmethod
+    def _side(path: Path, value: int) -> Path:
+        (path / "torchrl").mkdir(parents=True)
+        (path / "torchrl" / "__init__.py").write_text(f"VALUE = {value}\n")
+        return path
+
+    def _fake_suite(self, tmp_path: Path) -> Path:
+        suite = tmp_path / "suite"
+        (suite / "test").mkdir(parents=True)
+        (suite / "pytest.ini").write_text("[pytest]\ntestpaths = test\n")
+        flag = tmp_path / "flaky-ran-once"
+        (suite / "test" / "test_fake.py").write_text(
+            "import os\nimport pytest\nimport torchrl\n\n"
+            "def test_same():\n    assert True\n\n"
+            "@pytest.mark.parametrize('x', [0, 1])\n"
+            "def test_regression(x):\n    assert torchrl.VALUE == 1\n\n"
+            "def test_both_known():\n    assert False, 'old failure'\n\n"
+            "def test_both_unknown():\n    assert False, 'another old failure'\n\n"
+            "def test_skip():\n    pytest.skip('needs something absent')\n\n"
+            "def test_flaky():\n"
+            f"    if not os.path.exists({str(flag)!r}):\n"
+            f"        open({str(flag)!r}, 'w').close()\n"
+            "        raise AssertionError('fails under load')\n"
+        )
+        (suite / "test" / "test_broken_on_fork.py").write_text(
+            "import torchrl\nassert torchrl.VALUE == 1\n\ndef test_a():\n    pass\n"
+        )
+        return suite
+
+    @pytest.mark.parametrize("sides,workers", [("rerun", 2), ("both", 0)])
+    def test_reports_fork_only_failures(self, tmp_path, sides, workers):
+        if workers and importlib.util.find_spec("xdist") is None:
+            pytest.skip("pytest-xdist is not installed")
+        suite = self._fake_suite(tmp_path)
+        known = tmp_path / "known.txt"
+        known.write_text(
+            "# pattern # reason\ntest/test_fake.py::test_both_k* # changed upstream\n"
+        )
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(self.RUNNER),
+                "--tests",
+                str(suite),
+                "--fork",
+                str(self._side(tmp_path / "fork", 2)),
+                "--pristine",
+                str(self._side(tmp_path / "pristine", 1)),
+                "--known",
+                str(known),
+                "--sides",
+                sides,
+                "--targets",
+                "test",
+                "-n",
+                str(workers),
+                "--timeout",
+                "0",
+                "--out",
+                str(tmp_path / "out"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        out = proc.stdout
+        assert proc.returncode == 1, out + proc.stderr
+        fork_only = out.split("FORK-ONLY FAILURES")[1].split("\n\n")[0]
+        for nodeid in (
+            "test/test_fake.py::test_regression[0]",
+            "test/test_fake.py::test_regression[1]",
+            "test/test_broken_on_fork.py",
+        ):
+            assert f"\n  {nodeid}  [" in fork_only, out
+        assert "test_both" not in fork_only and "test_flaky" not in fork_only
+        assert "1 x test/test_fake.py::test_both_k*  -- changed upstream" in out
+        unexplained = out.split("not in")[1].split("\n\n")[0]
+        assert "test/test_fake.py::test_both_unknown  -- AssertionError" in unexplained
+        assert "passed alone): 1\n  test/test_fake.py::test_flaky\n" in out
+        last = out.rstrip().splitlines()[-1]
+        assert last.startswith("upstream-tests: FAIL, fork-only failures: 3;"), last
+        # CI reads pytest-like closing lines: the runner's own must not be one.
+        assert not re.search(r"\d+ (passed|failed|errors?)\b", last), last
+        report = json.loads((tmp_path / "out" / "report.json").read_text())
+        assert report["fork"]["test/test_fake.py::test_skip"] == "skipped"
+        assert report["fork"]["test/test_fake.py::test_flaky"] == "passed"
+        if sides == "both":
+            assert (
+                report["pristine"]["test/test_fake.py::test_regression[0]"] == "passed"
+            )
+            assert report["pristine"]["test/test_fake.py::test_same"] == "passed"
+        else:
+            # Only what failed on the fork is rerun on pristine.
+            assert "test/test_fake.py::test_same" not in report["pristine"]
+
+    def test_no_fork_only_failure_exits_zero(self, tmp_path):
+        suite = self._fake_suite(tmp_path)
+        (suite / "test" / "test_broken_on_fork.py").unlink()
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(self.RUNNER),
+                "--tests",
+                str(suite),
+                "--fork",
+                str(self._side(tmp_path / "fork", 1)),
+                "--pristine",
+                str(self._side(tmp_path / "pristine", 1)),
+                "--known",
+                str(tmp_path / "absent.txt"),
+                "--targets",
+                "test/test_fake.py",
+                "-n",
+                "0",
+                "--timeout",
+                "0",
+                "--out",
+                str(tmp_path / "out"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        last = proc.stdout.rstrip().splitlines()[-1]
+        assert last.startswith("upstream-tests: OK, fork-only failures: 0;"), last

@@ -1,0 +1,472 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""Runs upstream TorchRL's own test suite against the fork and compares with pristine.
+
+``make upstream-tests`` calls this. The suite (``--tests``, a copy of upstream's
+``test/`` tree with its ``pytest.ini``) is copied to a writable temporary folder
+and run from there, one pytest call per target, with ``PYTHONPATH`` set to
+``build/fork`` (the fork) or ``build/upstream`` (pristine 0.12.0).
+
+Modes (``--sides``):
+
+- ``rerun`` (default): the fork runs every target; each test that fails or
+  errors there is retried once, serially, on the fork (a test that passes alone
+  failed under load: it is counted as passed and listed as flaky); what still
+  fails is run on pristine, in one call. A test that fails on the fork and not
+  on pristine is a *fork-only failure*.
+- ``both``: pristine runs every target as well, and the full comparison is
+  reported.
+
+Tests that fail on both sides are matched against ``--known``
+(``.ci/upstream-pristine-failures.txt``: ``PATTERN # reason`` lines, ``*`` the
+only wildcard); those that match no entry are listed, but do not fail the run.
+
+Exit status: 0 when there is no fork-only failure, 1 when there is, 2 when the
+run itself broke (a target whose pytest crashed without reporting, a wrong
+``torchrl`` on the path). The last line printed says which, in words that do
+not imitate a pytest summary.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = (
+    "test/test_rb.py",
+    "test/test_tensordictmodules.py",
+    "test/test_modules.py",
+    "test/test_collectors.py",
+    "test/objectives",
+    "test/envs",
+    "test/transforms",
+)
+FAILING = ("failed", "error")
+PLUGIN = Path(__file__).resolve().parent / "upstream_outcomes.py"
+
+
+@dataclass
+class Result:
+    """The outcome of each test of one pytest call (or several merged)."""
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)
+    longreprs: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def update(self, other: Result) -> None:
+        self.outcomes.update(other.outcomes)
+        self.messages.update(other.messages)
+        self.longreprs.update(other.longreprs)
+        self.seconds += other.seconds
+
+    def failing(self) -> list[str]:
+        return sorted(n for n, o in self.outcomes.items() if o in FAILING)
+
+    def counts(self) -> collections.Counter:
+        return collections.Counter(self.outcomes.values())
+
+
+def parse_outcomes(path: Path) -> Result:
+    """Folds the plugin's per-phase records into one outcome per node id.
+
+    A failing setup or teardown is an ``error``, a failing call ``failed``,
+    a failed collection (a module that does not import) an ``error`` of the
+    collector's node id; ``xfailed`` counts as skipped.
+    """
+    result = Result()
+    if not path.exists():
+        return result
+    rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 2}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        nodeid, outcome = rec["nodeid"], rec["outcome"]
+        if outcome == "xfailed":
+            outcome = "skipped"
+        if outcome == "failed" and rec["when"] != "call":
+            outcome = "error"
+        if rec["when"] == "teardown" and outcome == "passed":
+            continue
+        old = result.outcomes.get(nodeid)
+        if old is None or rank[outcome] > rank[old]:
+            result.outcomes[nodeid] = outcome
+        if rec["message"] or rec["longrepr"]:
+            result.messages.setdefault(nodeid, rec["message"])
+            result.longreprs.setdefault(nodeid, rec["longrepr"])
+    return result
+
+
+class Known:
+    """The committed list of tests that fail on pristine 0.12.0 too."""
+
+    def __init__(self, path: Path | None):
+        self.entries: list[tuple[str, re.Pattern, str]] = []
+        if path is None or not path.exists():
+            return
+        for raw in path.read_text(encoding="utf-8").splitlines():
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            pattern, _, reason = line.partition(" # ")
+            pattern = pattern.strip()
+            regex = re.compile(
+                ".*".join(re.escape(part) for part in pattern.split("*")) + r"\Z"
+            )
+            self.entries.append((pattern, regex, reason.strip()))
+
+    def match(self, nodeid: str) -> tuple[str, str] | None:
+        for pattern, regex, reason in self.entries:
+            if regex.match(nodeid):
+                return pattern, reason
+        return None
+
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.python = args.python
+        self.out = Path(args.out).resolve()
+        self.calls = 0
+
+    def _env(self, side_path: Path, select: Path | None, outcomes: Path) -> dict:
+        env = dict(os.environ)
+        plugin_dir = self.work / "_plugin"
+        env["PYTHONPATH"] = os.pathsep.join([str(side_path), str(plugin_dir)])
+        env["PATH"] = os.pathsep.join(
+            [str(Path(self.python).parent), env.get("PATH", "")]
+        )
+        env["UPSTREAM_OUTCOMES"] = str(outcomes)
+        env.pop("UPSTREAM_SELECT", None)
+        if select is not None:
+            env["UPSTREAM_SELECT"] = str(select)
+        env.pop("PYTEST_ADDOPTS", None)
+        return env
+
+    def check_side(self, side_path: Path) -> None:
+        """The ``torchrl`` that tests import must be the side's own."""
+        code = "import torchrl, sys; sys.stdout.write(torchrl.__file__)"
+        proc = subprocess.run(
+            [self.python, "-c", code],
+            cwd=self.work,
+            env=self._env(side_path, None, self.out / "unused"),
+            capture_output=True,
+            text=True,
+        )
+        found = Path(proc.stdout.strip() or "?").resolve()
+        if proc.returncode or side_path.resolve() not in found.parents:
+            sys.exit(
+                f"upstream-tests: cannot import torchrl from {side_path} "
+                f"(got {found}): {proc.stderr.strip()[-500:]}\n"
+                "Run `make build/fork` (it lays out build/fork and build/upstream)."
+            )
+
+    def pytest(
+        self,
+        side: str,
+        side_path: Path,
+        paths: list[str],
+        *,
+        workers: int,
+        label: str,
+        select: list[str] | None = None,
+    ) -> tuple[Result, int]:
+        """One pytest call; its log goes to ``--out``, its outcomes are returned."""
+        self.calls += 1
+        safe = re.sub(r"[^\w.-]+", "_", label)
+        stem = f"{self.calls:02d}-{side}-{safe}"
+        outcomes = self.out / f"{stem}.jsonl"
+        log = self.out / f"{stem}.log"
+        select_file = None
+        if select is not None:
+            select_file = self.out / f"{stem}.select"
+            select_file.write_text("".join(n + "\n" for n in select))
+        cmd = [
+            self.python,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "upstream_outcomes",
+            "-q",
+            # One module that does not import must not hide the others' results.
+            "--continue-on-collection-errors",
+            *([f"--timeout={self.args.timeout}"] if self.args.timeout else []),
+            *(["-n", str(workers)] if workers > 0 else ["-p", "no:xdist"]),
+            *self.args.pytest_args,
+            *paths,
+        ]
+        start = time.monotonic()
+        with open(log, "w") as f:
+            f.write(" ".join(cmd) + "\n")
+            f.flush()
+            proc = subprocess.run(
+                cmd,
+                cwd=self.work,
+                env=self._env(side_path, select_file, outcomes),
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            )
+        result = parse_outcomes(outcomes)
+        result.seconds = time.monotonic() - start
+        return result, proc.returncode
+
+    def run_targets(self, side: str, side_path: Path) -> tuple[Result, list[str]]:
+        total, broken = Result(), []
+        for target in self.args.targets:
+            res, rc = self.pytest(
+                side, side_path, [target], workers=self.args.workers, label=target
+            )
+            # 0 all passed, 1 some failed, 5 nothing collected: anything else
+            # (interrupted, internal error, usage error) with no failure
+            # recorded means the outcomes cannot be trusted.
+            if rc not in (0, 1, 5) and not res.failing():
+                broken.append(f"{side} {target}: pytest exited {rc}")
+            if rc == 1 and not res.failing():
+                broken.append(f"{side} {target}: pytest failed, no test recorded")
+            total.update(res)
+            self.timings.append((side, target, res))
+            print(f"  {side:8} {target:34} {_fmt_counts(res)}", flush=True)
+        return total, broken
+
+    def rerun(
+        self, side: str, side_path: Path, nodeids: list[str], workers: int, label: str
+    ) -> Result:
+        if not nodeids:
+            return Result()
+        paths = sorted({n.split("::")[0] for n in nodeids})
+        res, _ = self.pytest(
+            side,
+            side_path,
+            paths,
+            workers=workers,
+            label=label,
+            select=nodeids,
+        )
+        self.timings.append((side, label, res))
+        print(f"  {side:8} {label:34} {_fmt_counts(res)}", flush=True)
+        return res
+
+    def main(self) -> int:
+        args = self.args
+        tests = Path(args.tests).resolve()
+        if not (tests / "test").is_dir():
+            sys.exit(f"upstream-tests: no test/ folder in {tests} (--tests)")
+        fork, pristine = Path(args.fork).resolve(), Path(args.pristine).resolve()
+        self.out.mkdir(parents=True, exist_ok=True)
+        for stale in self.out.glob("[0-9][0-9]-*"):
+            stale.unlink()
+        self.timings: list[tuple[str, str, Result]] = []
+        known = Known(Path(args.known) if args.known else None)
+        wall = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="upstream-tests-") as tmp:
+            self.work = Path(tmp) / "suite"
+            shutil.copytree(tests, self.work)
+            (self.work / "_plugin").mkdir()
+            shutil.copy(PLUGIN, self.work / "_plugin" / PLUGIN.name)
+            for side_path in (fork, pristine):
+                self.check_side(side_path)
+            print(
+                f"upstream-tests: {tests} against {fork} (fork) and {pristine} "
+                f"(pristine), {args.workers} workers, logs in {self.out}",
+                flush=True,
+            )
+            fork_res, broken = self.run_targets("fork", fork)
+            first_fail = fork_res.failing()
+            retry = self.rerun("fork", fork, first_fail, 0, "retry-serial")
+            flaky = sorted(n for n in first_fail if retry.outcomes.get(n) == "passed")
+            for n in flaky:
+                fork_res.outcomes[n] = "passed"
+            fork_fail = fork_res.failing()
+            if args.sides == "both":
+                pristine_res, broken_p = self.run_targets("pristine", pristine)
+                broken += broken_p
+                p_fail = pristine_res.failing()
+                p_retry = self.rerun("pristine", pristine, p_fail, 0, "retry-serial")
+                for n in p_fail:
+                    if p_retry.outcomes.get(n) == "passed":
+                        pristine_res.outcomes[n] = "passed"
+            else:
+                pristine_res = self.rerun(
+                    "pristine", pristine, fork_fail, args.workers, "fork-failures"
+                )
+                # A failure on pristine that no known entry explains is
+                # checked once more alone, so that load cannot make a fork
+                # regression look like an old failure.
+                suspect = [n for n in pristine_res.failing() if known.match(n) is None]
+                p_retry = self.rerun("pristine", pristine, suspect, 0, "retry-serial")
+                for n in suspect:
+                    if p_retry.outcomes.get(n) == "passed":
+                        pristine_res.outcomes[n] = "passed"
+        wall = time.monotonic() - wall
+        return self.report(fork_res, pristine_res, flaky, known, broken, wall)
+
+    def report(self, fork_res, pristine_res, flaky, known, broken, wall) -> int:
+        args = self.args
+        fork_fail = fork_res.failing()
+        both, fork_only = [], []
+        for n in fork_fail:
+            (both if pristine_res.outcomes.get(n) in FAILING else fork_only).append(n)
+        by_entry: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+        unexplained = []
+        for n in both:
+            entry = known.match(n)
+            if entry is None:
+                unexplained.append(n)
+            else:
+                by_entry[entry].append(n)
+        print("\n== upstream-tests summary")
+        print("time per target:")
+        for side, target, res in self.timings:
+            print(f"  {side:8} {target:34} {res.seconds:7.0f} s  {_fmt_counts(res)}")
+        print(f"fork:     {_fmt_counts(fork_res)} (after the serial retry)")
+        if args.sides == "both":
+            print(f"pristine: {_fmt_counts(pristine_res)} (after the serial retry)")
+        else:
+            print(
+                f"pristine: {len(pristine_res.outcomes)} of the fork's failing "
+                f"tests rerun: {_fmt_counts(pristine_res)}"
+            )
+        print(f"wall time: {wall / 60:.1f} min")
+        if flaky:
+            print(
+                f"\nflaky on the fork (failed under load, passed alone): {len(flaky)}"
+            )
+            for n in flaky:
+                print(f"  {n}")
+        print(
+            f"\nknown failures on pristine too ({args.known}): {len(both) - len(unexplained)}"
+        )
+        for (pattern, reason), ids in sorted(by_entry.items()):
+            print(f"  {len(ids):4} x {pattern}  -- {reason}")
+        if known.entries:
+            matched = {p for p, _ in by_entry}
+            stale = [p for p, _, _ in known.entries if p not in matched]
+            if stale and (args.sides == "both" or len(args.targets) == len(TARGETS)):
+                print(f"known entries that no longer fail on the fork: {len(stale)}")
+                for p in stale:
+                    print(f"  {p}")
+        if unexplained:
+            print(
+                f"\nfailing on both sides, not in {args.known} "
+                f"(add them with a reason): {len(unexplained)}"
+            )
+            for n in unexplained:
+                print(f"  {n}  -- {fork_res.messages.get(n, '')}")
+        if args.sides == "both":
+            fixed = sorted(
+                n
+                for n, o in pristine_res.outcomes.items()
+                if o in FAILING and fork_res.outcomes.get(n) == "passed"
+            )
+            if fixed:
+                print(f"\nfailing on pristine only (the fork fixes them): {len(fixed)}")
+                for n in fixed:
+                    print(f"  {n}")
+            only = sorted(set(pristine_res.outcomes) ^ set(fork_res.outcomes))
+            if only:
+                print(f"\ncollected on one side only: {len(only)}")
+                for n in only[:50]:
+                    side = "fork" if n in fork_res.outcomes else "pristine"
+                    print(f"  {side}: {n}")
+        if fork_only:
+            print(
+                f"\nFORK-ONLY FAILURES (pass on pristine, fail on the fork): {len(fork_only)}"
+            )
+            for n in fork_only:
+                p = _outcome_or_children(pristine_res, n)
+                print(f"  {n}  [pristine: {p}]  -- {fork_res.messages.get(n, '')}")
+            for n in fork_only[: args.tracebacks]:
+                print(f"\n---- {n}\n{fork_res.longreprs.get(n, '').rstrip()}")
+        if broken:
+            print("\nruns that broke:")
+            for b in broken:
+                print(f"  {b}")
+        report = {
+            "fork": fork_res.outcomes,
+            "pristine": pristine_res.outcomes,
+            "fork_messages": {n: fork_res.messages.get(n, "") for n in fork_fail},
+            "fork_only": fork_only,
+            "flaky": flaky,
+            "unexplained": unexplained,
+            "timings": [[s, t, r.seconds] for s, t, r in self.timings],
+        }
+        (self.out / "report.json").write_text(json.dumps(report, indent=1))
+        print(f"\nfull outcomes: {self.out / 'report.json'}")
+        c = fork_res.counts()
+        if broken:
+            status, rc = "BROKEN RUN (see above)", 2
+        elif fork_only:
+            status, rc = "FAIL", 1
+        else:
+            status, rc = "OK", 0
+        print(
+            f"upstream-tests: {status}, fork-only failures: {len(fork_only)}; "
+            f"on the fork {c['passed']} pass, {len(fork_fail)} fail "
+            f"({len(both)} on pristine too), {c['skipped']} skip"
+        )
+        return rc
+
+
+def _outcome_or_children(res: Result, nodeid: str) -> str:
+    """The outcome of ``nodeid``; for a module or class, those of its tests."""
+    if nodeid in res.outcomes:
+        return res.outcomes[nodeid]
+    children = [o for n, o in res.outcomes.items() if n.startswith(nodeid + "::")]
+    if not children:
+        return "not collected"
+    c = collections.Counter(children)
+    return "its tests: " + ", ".join(f"{k}={v}" for k, v in sorted(c.items()))
+
+
+def _fmt_counts(res: Result) -> str:
+    c = res.counts()
+    return (
+        f"pass={c['passed']} fail={c['failed']} error={c['error']} "
+        f"skip={c['skipped']} ({res.seconds:.0f} s)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--tests",
+        default=str(ROOT.parent / "shared" / "upstream-tests-v0.12.0"),
+        help="upstream's test tree (holds test/ and pytest.ini)",
+    )
+    parser.add_argument("--fork", default=str(ROOT / "build" / "fork"))
+    parser.add_argument("--pristine", default=str(ROOT / "build" / "upstream"))
+    parser.add_argument("--sides", choices=("rerun", "both"), default="rerun")
+    parser.add_argument(
+        "--known", default=str(ROOT / ".ci" / "upstream-pristine-failures.txt")
+    )
+    parser.add_argument("--targets", nargs="+", default=list(TARGETS))
+    parser.add_argument("-n", "--workers", type=int, default=2)
+    parser.add_argument(
+        "--timeout", type=int, default=300, help="seconds per test; 0: no limit"
+    )
+    parser.add_argument("--out", default=str(ROOT / "build" / "upstream-tests"))
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument(
+        "--tracebacks", type=int, default=10, help="fork-only tracebacks to print"
+    )
+    parser.add_argument(
+        "pytest_args", nargs="*", help="after --: extra pytest arguments"
+    )
+    return Runner(parser.parse_args(argv)).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
