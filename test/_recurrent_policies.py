@@ -231,3 +231,20 @@ def make_agents_policy() -> Seq:
 def make_two_init_keys_policy() -> ProbabilisticActor:
     """A GRU reading ``"is_init"`` next to a counter reading ``"my_init"``."""
     return _actor(Seq(make_rnn("gru"), StepCountingModule(out_key="counts")))
+
+
+def make_primed_cartpole(hidden_size: int = 2 * HIDDEN):
+    """CartPole carrying an init tracker and the primer of an LSTM of ``hidden_size``.
+
+    With the default size, the primer's ``recurrent_state_*`` entries disagree
+    with the policies above (hidden size ``HIDDEN``).
+    """
+    lstm = LSTMModule(
+        input_size=OBS_DIM,
+        hidden_size=hidden_size,
+        in_key="observation",
+        out_key="features",
+    )
+    return TransformedEnv(
+        GymEnv("CartPole-v1"), Compose(InitTracker(), lstm.make_tensordict_primer())
+    )

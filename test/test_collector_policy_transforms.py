@@ -5,9 +5,14 @@
 """``auto_register_policy_transforms`` and the ``split_trajs`` advisory on collectors."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
+import torchrl._utils
 from _recurrent_policies import (
     count_transforms as _count,
     env_transforms as _transforms,
@@ -17,14 +22,19 @@ from _recurrent_policies import (
     make_feedforward_policy,
     make_lstm_policy,
     make_my_init_policy,
+    make_primed_cartpole,
     make_recurrent_policy,
     make_tracked_cartpole,
     state_keys,
     TwoAgentEnv,
 )
-from torchrl.collectors import Collector, MultiCollector
+from torchrl.collectors import (
+    Collector,
+    MultiCollector,
+    PolicyTransformsFutureWarning,
+    SplitTrajsWarning,
+)
 from torchrl.envs import InitTracker, SerialEnv, TensorDictPrimer, TransformedEnv
-from torchrl.modules.utils._env_transforms import PolicyTransformsFutureWarning
 
 FRAMES = 8
 
@@ -48,7 +58,44 @@ def _policy_warnings(record) -> list:
     return [w for w in record if issubclass(w.category, PolicyTransformsFutureWarning)]
 
 
+def _snapshot(env) -> dict:
+    """What the collector must leave unchanged in the env it is given."""
+    return {
+        "type": type(env),
+        "transform": getattr(env, "transform", None),
+        "transforms": _transforms(env),
+        "observation_spec": env.full_observation_spec.clone(),
+        "state_spec": env.full_state_spec.clone(),
+    }
+
+
+def _assert_unchanged(env, snapshot) -> None:
+    assert type(env) is snapshot["type"]
+    assert getattr(env, "transform", None) is snapshot["transform"]
+    transforms = _transforms(env)
+    assert len(transforms) == len(snapshot["transforms"])
+    assert all(a is b for a, b in zip(transforms, snapshot["transforms"]))
+    assert env.full_observation_spec == snapshot["observation_spec"]
+    assert env.full_state_spec == snapshot["state_spec"]
+
+
 class TestAutoRegisterTrue:
+    @pytest.mark.parametrize("env_fn", [make_cartpole, make_tracked_cartpole])
+    def test_user_env_left_unchanged(self, env_fn):
+        env = env_fn()
+        snapshot = _snapshot(env)
+        collector = _collector(
+            env, make_lstm_policy(), auto_register_policy_transforms=True
+        )
+        _assert_unchanged(env, snapshot)
+        assert collector.env is not env
+        assert isinstance(collector.env, TransformedEnv)
+        assert _count(collector.env, InitTracker) == 1
+        assert _count(collector.env, TensorDictPrimer) == 1
+        data = _first_batch(collector)
+        assert data["is_init"][0].all() and "recurrent_state_h" in data.keys()
+        _assert_unchanged(env, snapshot)
+
     @pytest.mark.parametrize("kind", ["lstm", "gru"])
     @pytest.mark.parametrize("use_buffers", [True, False])
     def test_bare_env_collects(self, kind, use_buffers):
@@ -181,9 +228,19 @@ class TestAutoRegisterDefault:
         data = _first_batch(collector)
         assert "recurrent_state_h" not in data.keys()
 
+    def test_warns_before_error(self):
+        with pytest.warns(PolicyTransformsFutureWarning) as record:
+            with pytest.raises(RuntimeError, match="cannot run the policy"):
+                _collector(make_cartpole(), make_lstm_policy())
+        found = _policy_warnings(record)
+        assert len(found) == 1 and found[0].filename == __file__
+        assert "InitTracker" in str(found[0].message)
+
     @pytest.mark.parametrize("use_buffers", [True, False])
     def test_error_when_policy_cannot_run(self, use_buffers):
-        with pytest.raises(RuntimeError) as excinfo:
+        with pytest.warns(PolicyTransformsFutureWarning), pytest.raises(
+            RuntimeError
+        ) as excinfo:
             _collector(
                 make_cartpole(),
                 make_lstm_policy(),
@@ -204,6 +261,21 @@ class TestAutoRegisterDefault:
                 policy,
             )
         collector.shutdown()
+
+
+class TestPrimerShapeMismatch:
+    @pytest.mark.parametrize("mode", [None, True])
+    def test_reported_at_construction(self, mode):
+        with pytest.raises(ValueError) as excinfo:
+            _collector(
+                make_primed_cartpole(hidden_size=16),
+                make_lstm_policy(),
+                auto_register_policy_transforms=mode,
+            )
+        message = str(excinfo.value)
+        assert "'recurrent_state_h'" in message or "'recurrent_state_c'" in message
+        assert "(1, 16)" in message and "(1, 8)" in message
+        assert "get_env_transforms_from_module(policy)" in message
 
 
 class TestAutoRegisterFalse:
@@ -287,13 +359,13 @@ class TestArgumentErrors:
 
 class TestSplitTrajsAdvisory:
     def test_warns(self):
-        with pytest.warns(UserWarning, match="split_trajs=True") as record:
+        with pytest.warns(SplitTrajsWarning, match="split_trajs=True") as record:
             collector = _collector(
                 make_cartpole(),
                 make_feedforward_policy(),
                 split_trajs=True,
             )
-        found = [w for w in record if "split_trajs=True" in str(w.message)]
+        found = [w for w in record if issubclass(w.category, SplitTrajsWarning)]
         assert len(found) == 1
         message = str(found[0].message)
         assert "(N_traj, T_max)" in message and "mask" in message
@@ -316,6 +388,78 @@ class TestSplitTrajsAdvisory:
         collector.shutdown()
 
 
+class TestWarningControls:
+    def test_classes_public(self):
+        import torchrl.collectors
+        import torchrl.modules.utils
+
+        assert issubclass(PolicyTransformsFutureWarning, FutureWarning)
+        assert issubclass(SplitTrajsWarning, UserWarning)
+        assert (
+            torchrl.modules.utils.PolicyTransformsFutureWarning
+            is PolicyTransformsFutureWarning
+        )
+        assert {"PolicyTransformsFutureWarning", "SplitTrajsWarning"} <= set(
+            torchrl.collectors.__all__
+        )
+
+    def test_future_warning_names_release(self):
+        with pytest.warns(PolicyTransformsFutureWarning, match=r"True in v0\.14"):
+            _collector(make_tracked_cartpole(), make_lstm_policy()).shutdown()
+
+    def test_filtered_by_category(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            warnings.simplefilter("ignore", PolicyTransformsFutureWarning)
+            warnings.simplefilter("ignore", SplitTrajsWarning)
+            collector = _collector(
+                make_tracked_cartpole(), make_lstm_policy(), split_trajs=True
+            )
+        collector.shutdown()
+
+    def test_rl_warnings_off_silences(self, monkeypatch):
+        monkeypatch.setattr(torchrl._utils, "RL_WARNINGS", False)
+        assert not torchrl._utils.rl_warnings()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            collector = _collector(
+                make_tracked_cartpole(), make_lstm_policy(), split_trajs=True
+            )
+        collector.shutdown()
+        # the error still comes when the policy cannot run
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeError, match="cannot run the policy"):
+                _collector(make_cartpole(), make_lstm_policy())
+
+    def test_rl_warnings_env_var(self):
+        # RL_WARNINGS is read when torchrl is imported: check it in a fresh process
+        script = textwrap.dedent(
+            """
+            import warnings
+            from _recurrent_policies import make_lstm_policy, make_tracked_cartpole
+            from torchrl.collectors import Collector
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                Collector(
+                    make_tracked_cartpole(), make_lstm_policy(), frames_per_batch=8,
+                    total_frames=8, split_trajs=True,
+                ).shutdown()
+            """
+        )
+        env = dict(os.environ, RL_WARNINGS="0")
+        env["PYTHONPATH"] = os.pathsep.join(
+            p
+            for p in (os.path.dirname(__file__), env.get("PYTHONPATH"))
+            if p is not None
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr
+
+
 class TestMultiCollector:
     """Lean: two workers, a few frames, three collectors in all (worker start-up is slow)."""
 
@@ -335,6 +479,36 @@ class TestMultiCollector:
         data = _first_batch(collector)
         assert "recurrent_state_h" not in data.keys()
         assert "is_init" in data.keys()
+
+    def test_true_leaves_passed_env_unchanged(self):
+        # env instances are sent to the workers, which complete their own copy
+        env = make_tracked_cartpole()
+        snapshot = _snapshot(env)
+        collector = MultiCollector(
+            [env, env],
+            policy_factory=make_lstm_policy,
+            frames_per_batch=FRAMES,
+            total_frames=FRAMES,
+            sync=True,
+            auto_register_policy_transforms=True,
+        )
+        _assert_unchanged(env, snapshot)
+        data = _first_batch(collector)
+        assert "recurrent_state_h" in data.keys()
+        _assert_unchanged(env, snapshot)
+
+    def test_default_warns_before_worker_error(self):
+        with pytest.warns(PolicyTransformsFutureWarning) as record:
+            with pytest.raises(RuntimeError, match="cannot run the policy"):
+                MultiCollector(
+                    [make_cartpole, make_cartpole],
+                    policy_factory=make_lstm_policy,
+                    frames_per_batch=FRAMES,
+                    total_frames=FRAMES,
+                    sync=True,
+                )
+        found = _policy_warnings(record)
+        assert len(found) == 1 and found[0].filename == __file__
 
     @pytest.mark.parametrize("sync", [True, False])
     def test_true_with_policy_factory(self, sync):

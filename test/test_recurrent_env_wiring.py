@@ -17,6 +17,7 @@ from _recurrent_policies import (
     make_dropout_lstm_policy,
     make_feedforward_policy,
     make_my_init_policy,
+    make_primed_cartpole,
     make_recurrent_policy,
     make_tracked_cartpole,
     make_two_init_keys_policy,
@@ -38,6 +39,7 @@ from torchrl.envs import (
 from torchrl.modules import (
     get_env_transforms_from_module,
     get_primers_from_module,
+    LSTMModule,
     MultiStepActorWrapper,
 )
 from torchrl.modules.utils._env_transforms import (
@@ -113,9 +115,23 @@ class TestGetEnvTransformsFromModule:
         assert {"is_init", *state_keys(kind)} <= set(env.observation_spec.keys())
 
     def test_feedforward_gets_bare_tracker(self):
-        transforms = get_env_transforms_from_module(make_feedforward_policy())
-        assert [type(t) for t in transforms] == [InitTracker]
-        assert transforms[0].init_key == "is_init"
+        tracker = get_env_transforms_from_module(make_feedforward_policy())
+        assert type(tracker) is InitTracker
+        assert tracker.init_key == "is_init"
+        env = TransformedEnv(make_cartpole(), tracker)
+        assert env.transform is tracker
+        assert env.rollout(3)["is_init"][0].all()
+
+    def test_single_transform_not_wrapped(self):
+        # a tracker is all a module with an init key and no state needs
+        actor = Mod(nn.Linear(4, 2), in_keys=["observation"], out_keys=["action"])
+        wrapper = MultiStepActorWrapper(
+            actor, n_steps=2, action_keys=["action"], init_key="start"
+        )
+        tracker = get_env_transforms_from_module(wrapper)
+        assert type(tracker) is InitTracker and tracker.init_key == "start"
+        # several transforms come in a Compose
+        assert type(get_env_transforms_from_module(make_recurrent_policy())) is Compose
 
     def test_discovers_renamed_init_key(self):
         transforms = get_env_transforms_from_module(make_my_init_policy())
@@ -155,8 +171,7 @@ class TestGetEnvTransformsFromModule:
         wrapper = MultiStepActorWrapper(
             actor, n_steps=2, action_keys=["action"], init_key="start"
         )
-        transforms = get_env_transforms_from_module(wrapper)
-        assert [t.init_key for t in transforms] == ["start"]
+        assert get_env_transforms_from_module(wrapper).init_key == "start"
         # it needs a tracker and no primer: that is all the env gets
         env = make_cartpole(policy=wrapper)
         assert [type(t) for t in _transforms(env)] == [InitTracker]
@@ -259,6 +274,41 @@ class TestMissingTransforms:
         transforms = list(get_env_transforms_from_module(make_recurrent_policy()))
         env = _append_missing_env_transforms(make_tracked_cartpole(), transforms)
         assert _count(env, InitTracker) == 1 and _count(env, TensorDictPrimer) == 1
+
+
+class TestPrimerShapeMismatch:
+    """A primer already in the env with other shapes than the policy's is an error."""
+
+    _MATCH = r"'recurrent_state_[hc]' of shape \(1, 16\).*has shape \(1, 8\)"
+
+    def test_missing_transforms_raises(self):
+        with pytest.raises(ValueError, match=self._MATCH) as excinfo:
+            _missing_env_transforms(make_primed_cartpole(), make_recurrent_policy())
+        assert "get_env_transforms_from_module(policy)" in str(excinfo.value)
+
+    def test_policy_keyword_raises(self):
+        lstm = LSTMModule(
+            input_size=4, hidden_size=16, in_key="observation", out_key="features"
+        )
+        with pytest.raises(ValueError, match=self._MATCH):
+            TransformedEnv(
+                make_cartpole(),
+                Compose(InitTracker(), lstm.make_tensordict_primer()),
+                policy=make_recurrent_policy(),
+            )
+
+    def test_batched_env_reports_shape_per_env(self):
+        env = SerialEnv(2, make_primed_cartpole)
+        try:
+            assert env.observation_spec["recurrent_state_h"].shape == (2, 1, 16)
+            with pytest.raises(ValueError, match=self._MATCH):
+                _missing_env_transforms(env, make_recurrent_policy())
+        finally:
+            env.close(raise_if_closed=False)
+
+    def test_matching_shapes_pass(self):
+        env = make_primed_cartpole(hidden_size=8)
+        assert _missing_env_transforms(env, make_recurrent_policy()) == []
 
 
 class _CustomEnv(EnvBase):

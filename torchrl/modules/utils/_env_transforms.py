@@ -21,8 +21,13 @@ from collections.abc import Sequence
 from tensordict.utils import NestedKey, unravel_key
 from torch import nn
 from torchrl._user_stacklevel import _user_stacklevel
+from torchrl._utils import rl_warnings
 
-__all__ = ["get_env_transforms_from_module"]
+__all__ = [
+    "get_env_transforms_from_module",
+    "PolicyTransformsFutureWarning",
+    "SplitTrajsWarning",
+]
 
 _DEFAULT_INIT_KEY = "is_init"
 
@@ -33,10 +38,27 @@ _PRIMER_ERRORS = (RuntimeError, ValueError, NotImplementedError)
 
 
 class PolicyTransformsFutureWarning(FutureWarning):
-    """The ``FutureWarning`` emitted when ``auto_register_policy_transforms`` is left to its default.
+    """Emitted by the collectors when ``auto_register_policy_transforms`` is left to ``None``.
 
-    A dedicated subclass lets multiprocessed collectors recognise this warning
-    in their workers and re-emit it once in the main process.
+    The policy needs environment transforms (an
+    :class:`~torchrl.envs.InitTracker`, primers) that the environment lacks;
+    the default becomes ``True`` in v0.14. Pass
+    ``auto_register_policy_transforms=True`` or ``False`` to the collector to
+    silence it, filter it with
+    ``warnings.filterwarnings("ignore", category=PolicyTransformsFutureWarning)``,
+    or set the ``RL_WARNINGS=0`` environment variable to silence all of
+    TorchRL's advisory warnings. Multiprocessed collectors emit it once in the
+    main process, however many workers found the same gap.
+    """
+
+
+class SplitTrajsWarning(UserWarning):
+    """Emitted by the collectors when ``split_trajs=True`` is passed.
+
+    The padded ``(N_traj, T_max)`` layout wastes memory and does not fit replay
+    buffers; leave ``split_trajs`` out to silence it, filter it with
+    ``warnings.filterwarnings("ignore", category=SplitTrajsWarning)``, or set
+    the ``RL_WARNINGS=0`` environment variable.
     """
 
 
@@ -235,9 +257,11 @@ def get_env_transforms_from_module(
             Defaults to ``None`` (discovered from the modules' ``in_keys``).
 
     Returns:
-        a :class:`~torchrl.envs.Compose` of fresh transforms. Pass it to
-        ``TransformedEnv(env, transforms)`` or append its elements one by one
-        with :meth:`~torchrl.envs.EnvBase.append_transform`.
+        fresh transforms, ready for ``TransformedEnv(env, transforms)`` or
+        :meth:`~torchrl.envs.EnvBase.append_transform`: the
+        :class:`~torchrl.envs.InitTracker` itself when that is all the policy
+        needs (e.g. a feed-forward policy), a :class:`~torchrl.envs.Compose`
+        of them otherwise.
 
     Raises:
         TypeError: if ``module`` is not a :class:`torch.nn.Module` or ``init_key``
@@ -266,6 +290,9 @@ def get_env_transforms_from_module(
         >>> env = TransformedEnv(GymEnv("CartPole-v1"), transforms)
         >>> sorted(env.observation_spec.keys())
         ['is_init', 'observation', 'recurrent_state_c', 'recurrent_state_h']
+        >>> feed_forward = Mod(torch.nn.Linear(4, 2), in_keys=["observation"], out_keys=["action"])
+        >>> get_env_transforms_from_module(feed_forward)
+        InitTracker(keys=[])
     """
     from torchrl.envs.transforms import Compose, InitTracker
     from torchrl.modules.utils.utils import get_primers_from_module
@@ -276,22 +303,26 @@ def get_env_transforms_from_module(
         leaves = [_leaf(init_key)]
     else:
         leaves = _policy_init_keys(module) or [_DEFAULT_INIT_KEY]
-    trackers = [InitTracker(init_key=leaf) for leaf in leaves]
-    primers = _flatten_primers(get_primers_from_module(module, warn=False, strict=True))
-    return Compose(*trackers, *primers)
+    transforms = [InitTracker(init_key=leaf) for leaf in leaves]
+    transforms += _flatten_primers(
+        get_primers_from_module(module, warn=False, strict=True)
+    )
+    if len(transforms) == 1:
+        return transforms[0]
+    return Compose(*transforms)
 
 
-def _env_spec_keys(env) -> list[tuple[str, ...]]:
-    """The observation and state keys of ``env`` as tuples (pure read of the specs)."""
-    keys = []
+def _env_specs(env) -> dict:
+    """The observation and state leaf specs of ``env``, by tuple key (pure read of the specs)."""
+    specs = {}
     for spec_name in ("full_observation_spec", "full_state_spec"):
         spec = getattr(env, spec_name, None)
         if spec is None:
             continue
-        for key in spec.keys(True, True):
+        for key, leaf in spec.items(True, True):
             key = unravel_key(key)
-            keys.append((key,) if isinstance(key, str) else key)
-    return keys
+            specs.setdefault((key,) if isinstance(key, str) else key, leaf)
+    return specs
 
 
 def _transform_keys(transform) -> list[tuple[str, ...]]:
@@ -344,7 +375,9 @@ def _missing_env_transforms(env, module_or_transforms) -> list:
     - an :class:`~torchrl.envs.InitTracker` is present when any observation or
       state key ends with its ``init_key`` (``("agents", "is_init")`` counts for
       ``"is_init"``);
-    - a primer is present when all of its keys are in the specs.
+    - a primer is present when all of its keys are in the specs. A key that
+      is there with another shape than the primer's (e.g. a hidden size of 16
+      in the env against the policy's 8) raises a ``ValueError``.
 
     Args:
         env (EnvBase): the environment, left untouched.
@@ -360,43 +393,91 @@ def _missing_env_transforms(env, module_or_transforms) -> list:
         transforms = list(module_or_transforms)
     if not transforms:
         return []
-    env_keys = set(_env_spec_keys(env))
-    env_leaves = {key[-1] for key in env_keys}
+    env_specs = _env_specs(env)
+    env_leaves = {key[-1] for key in env_specs}
     missing = []
     for transform in transforms:
         if isinstance(transform, InitTracker):
             if transform.init_key not in env_leaves:
                 missing.append(transform)
-        elif not all(key in env_keys for key in _transform_keys(transform)):
+            continue
+        _check_primer_shapes(env, env_specs, transform)
+        if not all(key in env_specs for key in _transform_keys(transform)):
             missing.append(transform)
     return missing
+
+
+def _check_primer_shapes(env, env_specs: dict, primer) -> None:
+    """Raises if a key of ``primer`` is in the env's specs with another shape.
+
+    The env's spec carries the env's batch dims in front (and a nested entry
+    the dims of its group), so the primer's shape is compared with the
+    trailing dims of the env's one.
+    """
+    batch_size = tuple(env.batch_size)
+    for key in _transform_keys(primer):
+        env_spec = env_specs.get(key)
+        if env_spec is None:
+            continue
+        expected = tuple(primer.primers[key].shape)
+        found = tuple(env_spec.shape)
+        if not expected or found[-len(expected) :] == expected:
+            continue
+        if found[: len(batch_size)] == batch_size:
+            found = found[len(batch_size) :]
+        name = key[0] if len(key) == 1 else key
+        raise ValueError(
+            f"The environment already has an entry {name!r} of shape {found}, but "
+            f"the policy's primer for it has shape {expected}: the policy's "
+            "recurrent module would fail at its first step. Make them agree: "
+            "build the environment's primer from the policy, e.g. "
+            "TransformedEnv(base_env, "
+            "torchrl.modules.get_env_transforms_from_module(policy)), or build the "
+            "policy with the environment's sizes."
+        )
 
 
 def _append_missing_env_transforms(env, module_or_transforms):
     """Appends to ``env`` the transforms of a policy it still lacks; returns the env.
 
-    Idempotent: what the specs already show is not appended again. Each
-    transform is appended on its own with
-    :meth:`~torchrl.envs.EnvBase.append_transform`, so its parent is the live
-    environment. When nothing is missing, ``env`` is returned as is.
+    Used by the ``policy=`` keyword, on the env being built. Idempotent: what
+    the specs already show is not appended again. Each transform is appended
+    on its own with :meth:`~torchrl.envs.EnvBase.append_transform`, so its
+    parent is the live environment. When nothing is missing, ``env`` is
+    returned as is.
     """
     for transform in _missing_env_transforms(env, module_or_transforms):
         env = env.append_transform(transform)
     return env
 
 
+def _wrap_missing_env_transforms(env, module_or_transforms):
+    """Returns a new env that adds to ``env`` the transforms of a policy it still lacks.
+
+    Used by the collectors, which must not change the env they were given:
+    ``env`` (its transforms and specs) is left as it is and wrapped in a new
+    :class:`~torchrl.envs.TransformedEnv` carrying the missing transforms.
+    When nothing is missing, ``env`` is returned as is.
+    """
+    from torchrl.envs.transforms import Compose, TransformedEnv
+
+    missing = _missing_env_transforms(env, module_or_transforms)
+    if not missing:
+        return env
+    transform = missing[0] if len(missing) == 1 else Compose(*missing)
+    # auto_unwrap=False: a TransformedEnv passed in is wrapped, not unwrapped
+    # (unwrapping would share its base env with a copy of its transforms).
+    return TransformedEnv(env, transform, auto_unwrap=False)
+
+
 def _future_warning_message(owner: str, missing: Sequence) -> str:
     return (
-        f"The policy given to {owner} needs environment transforms that the "
-        f"environment lacks: {_describe_transforms(missing)}. Without them the "
-        "policy does not see where trajectories start and its recurrent state is "
-        "not carried from step to step. The collector leaves the environment "
-        "untouched because auto_register_policy_transforms=None (the default); "
-        "the default will become True in v0.14 and the collector will then append "
-        "these transforms itself. Pass auto_register_policy_transforms=True to "
-        "append them now, or auto_register_policy_transforms=False to keep the "
-        "environment as it is; either silences this warning. See the "
-        "'Environment-policy-arg' section of the environment docs."
+        f"{owner}: the environment lacks {_describe_transforms(missing)}, which "
+        "the policy needs to see where trajectories start and to carry its "
+        "recurrent state. They are not added because "
+        "auto_register_policy_transforms=None; the default will become True in "
+        "v0.14. Pass auto_register_policy_transforms=True to add them, or "
+        "auto_register_policy_transforms=False to keep the environment as it is."
     )
 
 
@@ -416,17 +497,22 @@ def _missing_error_message(owner: str, missing: Sequence) -> str:
 def _wire_policy_transforms(env, policy, auto_register, owner: str):
     """The collector side of ``auto_register_policy_transforms``.
 
-    Returns ``(env, missing)``: with ``True`` the missing transforms are appended
-    and ``missing`` is empty; with ``False`` nothing is computed; with ``None``
-    the env is returned untouched and ``missing`` lists what would have been
-    appended (the caller warns, or raises when the policy cannot run).
+    Returns ``(env, missing)``: with ``True`` the returned env is a new one
+    carrying the missing transforms (``env`` itself is left unchanged) and
+    ``missing`` is empty; with ``False`` nothing is computed; with ``None`` the
+    env is returned untouched, the ``FutureWarning`` is emitted at once when
+    something is missing, and ``missing`` lists it (the caller then raises when
+    the policy cannot run).
     """
     _check_bool("auto_register_policy_transforms", auto_register, allow_none=True)
     if auto_register is False or not isinstance(policy, nn.Module):
         return env, []
     if auto_register:
-        return _append_missing_env_transforms(env, policy), []
-    return env, _missing_env_transforms(env, policy)
+        return _wrap_missing_env_transforms(env, policy), []
+    missing = _missing_env_transforms(env, policy)
+    if missing:
+        _warn_missing_policy_transforms(owner, missing)
+    return env, missing
 
 
 def _check_policy_runs_or_raise(policy, carrier, policy_device, owner, missing) -> None:
@@ -483,12 +569,26 @@ def _pop_worker_warnings(msg, worker_warnings: list[str]):
     return msg
 
 
+def _worker_warnings() -> list[str]:
+    """The policy-transforms warnings collected so far in this (worker) process."""
+    return list(_worker_warning_sink or ())
+
+
 def _emit_policy_transforms_warning(message: str) -> None:
     if _worker_warning_sink is not None:
         if message not in _worker_warning_sink:
             _worker_warning_sink.append(message)
         return
-    warnings.warn(message, PolicyTransformsFutureWarning, stacklevel=_user_stacklevel())
+    if rl_warnings():
+        warnings.warn(
+            message, PolicyTransformsFutureWarning, stacklevel=_user_stacklevel()
+        )
+
+
+def _emit_worker_warnings(worker_warnings: Sequence[str]) -> None:
+    """Emits once, in the main process, each warning that the workers reported."""
+    for message in dict.fromkeys(worker_warnings):
+        _emit_policy_transforms_warning(message)
 
 
 def _warn_missing_policy_transforms(owner: str, missing: Sequence) -> None:
@@ -497,16 +597,14 @@ def _warn_missing_policy_transforms(owner: str, missing: Sequence) -> None:
 
 def _warn_split_trajs(owner: str) -> None:
     """The advisory emitted when ``split_trajs=True`` is passed to a collector."""
+    if not rl_warnings():
+        return
     warnings.warn(
-        f"split_trajs=True was passed to {owner}: each batch is split into "
-        "trajectories and zero-padded to a (N_traj, T_max) tensordict with a "
-        "('collector', 'mask') entry marking the real steps. This layout wastes "
-        "memory on padding, cuts trajectories at frames_per_batch boundaries and "
-        "does not fit replay buffers. Prefer the contiguous layout: pass "
-        "replay_buffer= to the collector and sample sub-trajectories with "
-        "torchrl.data.SliceSampler (see the 'data-layout' page of the docs). "
-        "This warning will become a DeprecationWarning in a future release; pass "
-        "split_trajs=False (or leave it out) to silence it.",
-        UserWarning,
+        f"{owner}(split_trajs=True) pads every batch to (N_traj, T_max) with a "
+        "('collector', 'mask') entry: the padding wastes memory and does not fit "
+        "replay buffers. Prefer replay_buffer= and torchrl.data.SliceSampler "
+        "(see the data-layout docs page). This may become a DeprecationWarning; "
+        "leave split_trajs out to silence it.",
+        SplitTrajsWarning,
         stacklevel=_user_stacklevel(),
     )
