@@ -116,7 +116,9 @@ def make_loss(name: str, **kwargs):
             in_keys=["observation"],
             spec=OneHot(N_DISCRETE),
         )
-        return objectives.DQNLoss(actor, action_space="one-hot", delay_value=True)
+        return objectives.DQNLoss(
+            actor, action_space="one-hot", delay_value=True, **kwargs
+        )
     if name in ("a2c", "ppo", "clipppo", "klpenppo", "reinforce"):
         cls = {
             "a2c": objectives.A2CLoss,
@@ -317,26 +319,108 @@ def layout(name):
 ESTIMATORS = ["TD0Estimator", "TD1Estimator", "TDLambdaEstimator", "GAE"]
 
 
-def make_estimator(name: str, **kwargs):
-    """A value estimator over a small value network (deterministic)."""
+def make_estimator(name: str, masked: bool = False, **kwargs):
+    """A value estimator over a small value network (deterministic).
+
+    With ``masked=True`` the estimator reads the padding mask at ``MASK_KEY``
+    (stand-alone estimators read none by default).
+    """
     from torchrl.objectives import value
 
     torch.manual_seed(0)
     kwargs.setdefault("gamma", 0.9)
     if name in ("TDLambdaEstimator", "GAE"):
         kwargs.setdefault("lmbda", 0.8)
-    return getattr(value, name)(value_network=_value(), **kwargs)
+    estimator = getattr(value, name)(value_network=_value(), **kwargs)
+    if masked:
+        estimator.set_keys(mask=MASK_KEY)
+    return estimator
+
+
+# losses that do not read the padding mask: on a padded batch they keep the
+# 0.12.0 results, padded rows included (DiscreteIQLLoss subclasses IQLLoss)
+UNCOVERED = ["td3bc", "crossq", "redq", "discrete_iql"]
+
+
+def make_uncovered_loss(name: str):
+    """Builds a loss that does not read the mask (deterministic given the seed)."""
+    from torchrl import objectives
+    from torchrl.data import Bounded, OneHot
+    from torchrl.modules import Actor, OneHotCategorical, ProbabilisticActor
+
+    torch.manual_seed(0)
+    if name == "td3bc":
+        actor = Actor(
+            nn.Sequential(_mlp(OBS, ACT), nn.Tanh()),
+            in_keys=["observation"],
+            spec=Bounded(-1, 1, (ACT,)),
+        )
+        return objectives.TD3BCLoss(
+            actor, _qvalue(), action_spec=Bounded(-1, 1, (ACT,)), policy_noise=0.0
+        )
+    if name == "crossq":
+        return objectives.CrossQLoss(
+            _gaussian_actor(tanh=True), _qvalue(), target_entropy=-float(ACT)
+        )
+    if name == "redq":
+        return objectives.REDQLoss(
+            _gaussian_actor(tanh=True), _qvalue(), target_entropy=-float(ACT)
+        )
+    if name == "discrete_iql":
+        actor = ProbabilisticActor(
+            TensorDictModule(
+                _mlp(OBS, N_DISCRETE), in_keys=["observation"], out_keys=["logits"]
+            ),
+            in_keys=["logits"],
+            spec=OneHot(N_DISCRETE),
+            distribution_class=OneHotCategorical,
+        )
+        qvalue = TensorDictModule(
+            _mlp(OBS, N_DISCRETE),
+            in_keys=["observation"],
+            out_keys=["state_action_value"],
+        )
+        value = TensorDictModule(
+            _mlp(OBS, 1), in_keys=["observation"], out_keys=["state_value"]
+        )
+        return objectives.DiscreteIQLLoss(
+            actor, qvalue, value, action_space="one-hot"
+        )
+    raise ValueError(name)
+
+
+def uncovered_batch(name: str) -> TensorDict:
+    """A padded batch with its mask and garbage in the padded rows."""
+    _, padded = slice_batches(
+        "dqn" if name == "discrete_iql" else "td3", (3, 5, 2), 6, garbage="random"
+    )
+    if name == "discrete_iql":
+        padded["action"] = padded["action"].clamp(0, 1)
+        padded["action"][:, 1:] = 0
+        padded["action"][:, 0] = 1 - padded["action"][:, 1:].sum(-1).clamp_max(1)
+    return padded
 
 
 def _reference(path):
     results = {}
     for name in ESTIMATORS:
-        real, _ = slice_batches("ppo", (3, 5, 2), 6)
+        real, padded = slice_batches("ppo", (3, 5, 2), 6)
         out = make_estimator(name)(real)
         results[("estimator", name)] = (
             {k: out[k].detach() for k in ("advantage", "value_target")},
             [],
         )
+        # a stand-alone estimator reads no mask unless it is given a key
+        padded = split_trajs_layout(padded, (3, 5, 2))
+        out = make_estimator(name)(padded)
+        results[("estimator-padded", name)] = (
+            {k: out[k].detach() for k in ("advantage", "value_target")},
+            [],
+        )
+    for name in UNCOVERED:
+        loss = make_uncovered_loss(name)
+        torch.manual_seed(2)
+        results[("uncovered", name)] = loss_and_grads(loss, uncovered_batch(name))
     for name in COVERED:
         for reduction in ("mean", "sum", "none"):
             loss = make_loss(name, reduction=reduction)
@@ -351,6 +435,18 @@ def _reference(path):
                 ]
             values, grads = loss_and_grads(loss, td, keys)
             results[(name, reduction)] = (values, grads)
+            if name in CHANGED_FROM_UPSTREAM:
+                loss = make_loss(name, reduction=reduction)
+                torch.manual_seed(2)
+                out = loss(td.clone())
+                results[("changed", name, reduction)] = (
+                    {
+                        k: out[k].detach()
+                        for k in CHANGED_FROM_UPSTREAM[name]
+                        if k in out.keys()
+                    },
+                    [],
+                )
     torch.save(results, path)
 
 

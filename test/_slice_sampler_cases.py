@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from torchrl.data import (
     LazyMemmapStorage,
+    LazyStackStorage,
     LazyTensorStorage,
-    ListStorage,
     PrioritizedSliceSampler,
     SliceSampler,
     SliceSamplerWithoutReplacement,
@@ -16,7 +16,9 @@ from torchrl.data import (
 
 SAMPLERS = [SliceSampler, SliceSamplerWithoutReplacement, PrioritizedSliceSampler]
 # "tensor2d" is a LazyTensorStorage with ndim=2 ([num_envs, T] layout).
-STORAGES = ["tensor", "memmap", "list", "tensor2d"]
+# "lazystack" is the list-backed storage that returns tensordicts (a plain
+# ListStorage returns lists, which the slice samplers reject like upstream).
+STORAGES = ["tensor", "memmap", "lazystack", "tensor2d"]
 
 
 def make_storage(kind: str, tmp_path, capacity: int):
@@ -26,8 +28,8 @@ def make_storage(kind: str, tmp_path, capacity: int):
         return LazyTensorStorage(capacity, ndim=2)
     if kind == "memmap":
         return LazyMemmapStorage(capacity, scratch_dir=tmp_path)
-    if kind == "list":
-        return ListStorage(capacity)
+    if kind == "lazystack":
+        return LazyStackStorage(capacity)
     raise ValueError(f"unknown storage kind {kind!r}")
 
 

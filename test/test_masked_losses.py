@@ -2,7 +2,7 @@
 #
 # This source code is licensed under the MIT license found in the
 # LICENSE file in the root directory of this source tree.
-"""Loss modules honour the padding mask at ``("collector", "mask")`` (issue 6)."""
+"""Loss modules honour the padding mask at ``("collector", "mask")``."""
 from __future__ import annotations
 
 import os
@@ -21,9 +21,12 @@ from _masked_loss_cases import (
     loss_and_grads,
     make_batch,
     make_loss,
+    make_uncovered_loss,
     MASK_KEY,
     slice_batches,
     split_trajs_layout,
+    uncovered_batch,
+    UNCOVERED,
 )
 from hypothesis import given, settings, strategies as st
 
@@ -57,14 +60,15 @@ class TestPaddedEqualsUnpadded:
 
     @pytest.mark.parametrize(
         "reduction,garbage",
-        [("mean", garbage) for garbage in GARBAGE] + [("sum", "huge")],
+        [("mean", garbage) for garbage in GARBAGE]
+        + [("sum", "huge"), ("none", "huge")],
     )
     @pytest.mark.parametrize("name", COVERED)
     def test_loss_and_grads(self, name, reduction, garbage):
         real, padded = slice_batches(name, *layout(name), garbage=garbage)
         _compare(name, reduction, real, padded)
 
-    @pytest.mark.parametrize("reduction", ["mean", "sum"])
+    @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
     @pytest.mark.parametrize("name", WEIGHTED)
     def test_importance_weights(self, name, reduction):
         real, padded = slice_batches(
@@ -115,9 +119,10 @@ class TestPaddedEqualsUnpadded:
         _compare(name, "mean", real, padded)
 
     @pytest.mark.parametrize("name", COVERED)
-    def test_reduction_none_keeps_rows(self, name):
-        # split_trajs layout: the value estimators must not leak the zeros
-        # into the last real steps of the per-row values either
+    def test_reduction_none_real_rows(self, name):
+        # as torchrl.objectives.utils._reduce(..., mask=mask): "none" returns
+        # the real rows, flattened (tensor[mask]), which for a split_trajs
+        # [B, T] batch are the rows of the batch with its padding removed
         lengths, pad_to = layout(name)
         real, padded = slice_batches(name, lengths, pad_to, garbage="zeros")
         padded = split_trajs_layout(padded, lengths)
@@ -126,11 +131,8 @@ class TestPaddedEqualsUnpadded:
         expected, _ = loss_and_grads(make_loss(name, reduction="none"), real)
         torch.manual_seed(3)
         got, _ = loss_and_grads(make_loss(name, reduction="none"), padded)
-        for key, value in got.items():
-            if value.ndim == 0:
-                continue
-            assert value.shape[: mask.ndim] == mask.shape, key
-            torch.testing.assert_close(value[mask], expected[key])
+        assert any(value.shape[:1] == (int(mask.sum()),) for value in got.values())
+        torch.testing.assert_close(got, expected)
 
     @settings(max_examples=10, deadline=None)
     @given(
@@ -179,11 +181,28 @@ class TestMaskKey:
     def test_wrong_shape(self, name):
         _, padded = slice_batches(name, LENGTHS, PAD_TO)
         n = padded.shape[0]
-        padded.get("collector").set("mask", torch.ones(n, 1, dtype=torch.bool))
+        padded.get("collector").set("mask", torch.ones(n, 2, dtype=torch.bool))
         with pytest.raises(
-            ValueError, match=r"'collector', 'mask'.*\(18, 1\).*\(18,\)"
+            ValueError, match=r"'collector', 'mask'.*\(18, 2\).*\(18,\)"
         ):
             make_loss(name)(padded)
+
+    @pytest.mark.parametrize("name", COVERED)
+    def test_trailing_singleton_mask(self, name):
+        # a [*batch, 1] mask, shaped like the done flags (as some datasets and
+        # upstream's own tests store it), is read as the batch mask
+        real, padded = slice_batches(name, *layout(name), garbage="random")
+        padded.set(MASK_KEY, padded.get(MASK_KEY).unsqueeze(-1))
+        _compare(name, "mean", real, padded)
+        # [B, T, 1] too, where an all-True mask leaves the loss unmasked
+        lengths, pad_to = layout(name)
+        td = real[: len(lengths) * 2].reshape(len(lengths), 2)
+        td.set(MASK_KEY, torch.ones(td.shape + (1,), dtype=torch.bool))
+        torch.manual_seed(3)
+        got = loss_and_grads(make_loss(name), td)
+        torch.manual_seed(3)
+        expected = loss_and_grads(make_loss(name), td.exclude("collector"))
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
     @pytest.mark.parametrize("name", COVERED)
     def test_wrong_dtype(self, name):
@@ -194,6 +213,7 @@ class TestMaskKey:
 
     @pytest.mark.parametrize("name", COVERED)
     def test_all_padded(self, name):
+        # a mask-aware loss has no real row to average over: it says so
         _, padded = slice_batches(name, LENGTHS, PAD_TO)
         padded.set(MASK_KEY, torch.zeros(padded.shape, dtype=torch.bool))
         with pytest.raises(
@@ -250,6 +270,60 @@ class TestPerRowShapes:
         torch.testing.assert_close(got, expected)
 
 
+def _one_dim_actor(distribution_class):
+    from tensordict.nn import NormalParamExtractor, TensorDictModule
+    from torchrl.modules import ProbabilisticActor
+
+    torch.manual_seed(0)
+    module = TensorDictModule(
+        torch.nn.Sequential(torch.nn.Linear(3, 2), NormalParamExtractor()),
+        in_keys=["observation"],
+        out_keys=["loc", "scale"],
+    )
+    return ProbabilisticActor(
+        module,
+        in_keys=["loc", "scale"],
+        distribution_class=distribution_class,
+        return_log_prob=True,
+        log_prob_key="action_log_prob",
+    )
+
+
+class TestOneDimensionalAction:
+    """A [N, 1] log-probability gives one term per row of the [N, 1] advantage."""
+
+    @pytest.mark.parametrize("name", ["a2c", "ppo", "clipppo"])
+    def test_normal_matches_independent_normal(self, name):
+        # the element-wise Normal of a one-dimensional action has the
+        # log-probability of Independent(Normal, 1), shaped [N, 1] not [N]
+        from torchrl import objectives
+        from torchrl.modules import IndependentNormal, ValueOperator
+
+        cls = {
+            "a2c": objectives.A2CLoss,
+            "ppo": objectives.PPOLoss,
+            "clipppo": objectives.ClipPPOLoss,
+        }[name]
+        n = 7
+        g = torch.Generator().manual_seed(5)
+        td = make_batch(name, n)
+        td["action"] = td["action"][:, :1]
+        td["advantage"] = torch.randn(n, 1, generator=g)
+        td["value_target"] = torch.randn(n, 1, generator=g)
+        results = []
+        for dist_class, log_prob in (
+            (IndependentNormal, td["action_log_prob"]),
+            (torch.distributions.Normal, td["action_log_prob"].unsqueeze(-1)),
+        ):
+            actor = _one_dim_actor(dist_class)
+            value = ValueOperator(torch.nn.Linear(3, 1), in_keys=["observation"])
+            loss = cls(actor, value, reduction="none", entropy_bonus=False)
+            results.append(loss(td.clone().set("action_log_prob", log_prob)))
+        expected, got = results
+        assert got["loss_objective"].shape == (n,)
+        torch.testing.assert_close(got["loss_objective"], expected["loss_objective"])
+
+
 class TestCQLPerRow:
     def test_cql_term_one_value_per_row(self):
         # 0.12.0 subtracted an [N, 1] prediction from an [N * num_random]
@@ -295,6 +369,15 @@ class TestAdaptiveTerms:
     @pytest.mark.parametrize("name", ["ppo", "clipppo", "klpenppo"])
     def test_normalized_advantage(self, name):
         real, padded = slice_batches(name, LENGTHS, PAD_TO, garbage="random")
+        _compare(name, "mean", real, padded, normalize_advantage=True)
+
+    @pytest.mark.parametrize("name", ["ppo", "clipppo", "klpenppo"])
+    def test_normalized_advantage_single_real_row(self, name):
+        # one real row: nothing to standardize, as on the unpadded batch
+        real, padded = slice_batches(name, (1,), 4, garbage="random")
+        torch.manual_seed(3)
+        got, _ = loss_and_grads(make_loss(name, normalize_advantage=True), padded)
+        assert all(value.isfinite().all() for value in got.values())
         _compare(name, "mean", real, padded, normalize_advantage=True)
 
     def test_normalized_advantage_exclude_dims(self):
@@ -369,13 +452,63 @@ class TestUnmaskedUnchanged:
         for grad, expected in zip(grads, expected_grads):
             assert torch.equal(grad, expected)
 
+    @pytest.mark.parametrize("padded", [False, True])
     @pytest.mark.parametrize("name", ESTIMATORS)
-    def test_estimator_matches_pristine(self, references, name):
+    def test_estimator_matches_pristine(self, references, name, padded):
+        # a stand-alone estimator reads no mask unless given a key
         upstream, fork = references
-        expected, _ = upstream[("estimator", name)]
-        got, _ = fork[("estimator", name)]
+        case = ("estimator-padded" if padded else "estimator", name)
+        expected, _ = upstream[case]
+        got, _ = fork[case]
         for key in expected:
             assert torch.equal(got[key], expected[key]), key
+
+    @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+    def test_cql_term_changed(self, references, reduction):
+        # the documented exception: CQL's conservative term is now computed
+        # per row, which changes loss_cql (and loss_alpha_prime) on any batch
+        upstream, fork = references
+        expected, _ = upstream[("changed", "cql", reduction)]
+        got, _ = fork[("changed", "cql", reduction)]
+        assert not torch.allclose(got["loss_cql"], expected["loss_cql"])
+
+
+class TestUncoveredUntouched:
+    """Losses that do not read the mask keep the 0.12.0 results on padded batches.
+
+    Their value estimators read no mask either, and a subclass of a mask-aware
+    loss (:class:`~torchrl.objectives.DiscreteIQLLoss`) that does not read it
+    inherits nothing of the masking.
+    """
+
+    @pytest.mark.parametrize("name", UNCOVERED)
+    def test_padded_batch_matches_pristine(self, references, name):
+        upstream, fork = references
+        expected_values, expected_grads = upstream[("uncovered", name)]
+        values, grads = fork[("uncovered", name)]
+        assert set(values) == set(expected_values)
+        for key in values:
+            assert torch.equal(values[key], expected_values[key]), key
+        for grad, expected in zip(grads, expected_grads):
+            assert torch.equal(grad, expected)
+
+    @pytest.mark.parametrize("name", UNCOVERED)
+    def test_no_mask_key(self, name):
+        loss = make_uncovered_loss(name)
+        assert getattr(loss.tensor_keys, "mask", None) is None
+        assert loss.value_estimator.tensor_keys.mask is None
+
+    @pytest.mark.parametrize("name", UNCOVERED)
+    def test_all_false_and_trailing_mask_ignored(self, name):
+        padded = uncovered_batch(name)
+        torch.manual_seed(2)
+        expected = loss_and_grads(make_uncovered_loss(name), padded)
+        mask = padded.get(MASK_KEY)
+        for other in (torch.zeros_like(mask), mask.unsqueeze(-1)):
+            td = padded.clone().set(MASK_KEY, other)
+            torch.manual_seed(2)
+            got = loss_and_grads(make_uncovered_loss(name), td)
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 def _cartpole_data():

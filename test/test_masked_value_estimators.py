@@ -2,7 +2,7 @@
 #
 # This source code is licensed under the MIT license found in the
 # LICENSE file in the root directory of this source tree.
-"""Value estimators never let padded steps reach real steps (issue 6, item 5)."""
+"""Value estimators never let padded steps reach real steps."""
 from __future__ import annotations
 
 import pytest
@@ -23,7 +23,7 @@ PAD_TO = 6
 
 def _check(name, real, padded, **kwargs):
     expected = make_estimator(name, **kwargs)(real.clone())
-    got = make_estimator(name, **kwargs)(padded.clone())
+    got = make_estimator(name, masked=True, **kwargs)(padded.clone())
     mask = padded.get(MASK_KEY)
     for key in ("advantage", "value_target"):
         value = got[key]
@@ -57,7 +57,7 @@ class TestPaddedEstimates:
         padded = split_trajs_layout(padded, LENGTHS)
         mask = padded.get(MASK_KEY)
         expected = make_estimator(name).value_estimate(real.clone())
-        got = make_estimator(name).value_estimate(padded.clone())
+        got = make_estimator(name, masked=True).value_estimate(padded.clone())
         torch.testing.assert_close(got[mask], expected)
 
     @settings(max_examples=15, deadline=None)
@@ -79,11 +79,51 @@ class TestPaddedEstimates:
     def test_caller_tensordict_gets_results(self):
         _, padded = slice_batches("ppo", LENGTHS, PAD_TO, garbage="random")
         td = padded.clone()
-        out = make_estimator("GAE")(td)
+        out = make_estimator("GAE", masked=True)(td)
         assert out is td
         assert "advantage" in td.keys() and "value_target" in td.keys()
         # the input's padded rows are left as they were
         torch.testing.assert_close(td["observation"], padded["observation"])
+
+
+def _with_stale_values(td):
+    # values left by an earlier pass (another network, another epoch): the
+    # estimator recomputes and overwrites them
+    g = torch.Generator().manual_seed(13)
+    td["state_value"] = torch.randn(td.shape + (1,), generator=g) * 10
+    td["next", "state_value"] = torch.randn(td.shape + (1,), generator=g) * 10
+
+
+class TestWriteBack:
+    @pytest.mark.parametrize("garbage", [None, "random"])
+    @pytest.mark.parametrize("name", ESTIMATORS)
+    def test_every_written_key_matches_unpadded(self, name, garbage):
+        real, padded = slice_batches(
+            "ppo", LENGTHS, PAD_TO, garbage=garbage, prepare=_with_stale_values
+        )
+        expected = make_estimator(name)(real.clone())
+        got = make_estimator(name, masked=True)(padded.clone())
+        mask = padded.get(MASK_KEY)
+        written = [
+            key
+            for key, value in expected.items(True, True)
+            if key not in real.keys(True, True) or not torch.equal(value, real[key])
+        ]
+        assert "state_value" in written and ("next", "state_value") in written
+        for key in written:
+            torch.testing.assert_close(got[key][mask], expected[key], msg=str(key))
+
+    def test_clip_value_critic_matches_unpadded(self):
+        # ClipPPOLoss clips against the state value the estimator writes
+        real, padded = slice_batches(
+            "clipppo", LENGTHS, PAD_TO, garbage="random", prepare=_with_stale_values
+        )
+        torch.manual_seed(3)
+        expected = make_loss("clipppo", clip_value=0.1)(real.clone())
+        torch.manual_seed(3)
+        got = make_loss("clipppo", clip_value=0.1)(padded.clone())
+        for key in ("loss_critic", "value_clip_fraction", "loss_objective"):
+            torch.testing.assert_close(got[key], expected[key], msg=key)
 
 
 class TestMaskKey:
@@ -105,6 +145,32 @@ class TestMaskKey:
 
     def test_wrong_shape(self):
         _, padded = slice_batches("ppo", LENGTHS, PAD_TO)
-        padded.get("collector").set("mask", torch.ones(18, 1, dtype=torch.bool))
-        with pytest.raises(ValueError, match=r"'collector', 'mask'.*\(18, 1\)"):
-            make_estimator("GAE")(padded)
+        padded.get("collector").set("mask", torch.ones(18, 2, dtype=torch.bool))
+        with pytest.raises(ValueError, match=r"'collector', 'mask'.*\(18, 2\)"):
+            make_estimator("GAE", masked=True)(padded)
+
+    @pytest.mark.parametrize("name", ESTIMATORS)
+    def test_trailing_singleton_mask(self, name):
+        # a [*batch, 1] mask, shaped like the done flags, is the batch mask
+        real, padded = slice_batches("ppo", LENGTHS, PAD_TO, garbage="random")
+        padded.set(MASK_KEY, padded.get(MASK_KEY).unsqueeze(-1))
+        expected = make_estimator(name)(real.clone())
+        got = make_estimator(name, masked=True)(padded.clone())
+        mask = padded.get(MASK_KEY).squeeze(-1)
+        torch.testing.assert_close(got["advantage"][mask], expected["advantage"])
+
+    @pytest.mark.parametrize("name", ESTIMATORS)
+    def test_stand_alone_reads_no_mask_by_default(self, name):
+        # only a mask-aware loss (or set_keys) makes an estimator read a mask,
+        # so losses that do not read it keep the 0.12.0 targets
+        _, padded = slice_batches("ppo", LENGTHS, PAD_TO, garbage="random")
+        assert make_estimator(name).tensor_keys.mask is None
+        expected = make_estimator(name)(padded.clone().exclude("collector"))
+        got = make_estimator(name)(padded.clone())
+        for key in ("advantage", "value_target"):
+            torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0)
+        all_false = padded.clone().set(MASK_KEY, torch.zeros(18, dtype=torch.bool))
+        got = make_estimator(name)(all_false)
+        torch.testing.assert_close(
+            got["advantage"], expected["advantage"], rtol=0, atol=0
+        )

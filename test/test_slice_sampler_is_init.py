@@ -2,7 +2,7 @@
 #
 # This source code is licensed under the MIT license found in the
 # LICENSE file in the root directory of this source tree.
-"""SliceSampler marks slice starts in ``"is_init"`` (issue 3, item 2)."""
+"""SliceSampler marks slice starts in ``"is_init"``."""
 from __future__ import annotations
 
 import pytest
@@ -240,3 +240,48 @@ class TestRecurrentModules:
             expected = reference(module, sample, is_init)
         torch.testing.assert_close(flat, per_slice)
         torch.testing.assert_close(flat, expected)
+
+
+class TestSpan:
+    """Spanning slices keep their markers (and are never empty)."""
+
+    @pytest.mark.parametrize(
+        "span", [True, (False, True), (True, False), 2, (0, 2), (True, 2)]
+    )
+    def test_span_with_is_init(self, span):
+        torch.manual_seed(0)
+        traj = torch.arange(40) // 10
+        step = torch.arange(40) % 10
+        data = TensorDict(
+            {
+                "obs": torch.arange(40),
+                "is_init": (step == 0).unsqueeze(-1),
+                TRAJ_KEY: traj,
+                ("next", "done"): (step == 9).unsqueeze(-1),
+            },
+            [40],
+        )
+        num_slices = 20
+        rb = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(100),
+            sampler=SliceSampler(num_slices=num_slices, span=span, strict_length=False),
+            batch_size=8 * num_slices,
+        )
+        rb.extend(data)
+        saw_short = False
+        for _ in range(50):
+            sample = rb.sample()
+            truncated = sample["next", "truncated"].reshape(-1)
+            ends = truncated.nonzero().squeeze(-1)
+            # one truncation marker per slice: no slice is empty
+            assert ends.numel() == num_slices
+            assert ends[-1] == sample.shape[0] - 1
+            starts = torch.cat([torch.zeros(1, dtype=torch.long), ends[:-1] + 1])
+            lengths = ends + 1 - starts
+            assert (lengths >= 1).all()
+            saw_short |= bool((lengths < 8).any())
+            assert sample["is_init"].reshape(-1)[starts].all()
+            # each slice stays in one trajectory
+            for a, b in zip(starts.tolist(), (ends + 1).tolist()):
+                assert (sample[TRAJ_KEY][a:b] == sample[TRAJ_KEY][a]).all()
+        assert saw_short

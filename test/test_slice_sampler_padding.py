@@ -2,10 +2,12 @@
 #
 # This source code is licensed under the MIT license found in the
 # LICENSE file in the root directory of this source tree.
-"""SliceSampler(pad_output=True): fixed-size samples with a mask (issue 3, item 3)."""
+"""SliceSampler(pad_output=True): fixed-size samples with a mask."""
 from __future__ import annotations
 
 import pickle
+
+import numpy as np
 
 import pytest
 import torch
@@ -86,13 +88,20 @@ class TestConstruction:
         # an instance pickled before pad_output (and the key detection) existed
         sampler = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN, traj_key="episode")
         state = sampler.__getstate__()
-        for name in ("pad_output", "_traj_key_auto", "_traj_key_resolved"):
+        for name in (
+            "pad_output",
+            "init_key",
+            "mask_key",
+            "_traj_key_auto",
+            "_traj_key_resolved",
+        ):
             state.pop(name, None)
         old = cls.__new__(cls)
         old.__dict__.update(state)
         restored = pickle.loads(pickle.dumps(old))
         assert "pad_output=False" in repr(restored)
         assert "traj_key=episode" in repr(restored)
+        assert "init_key=is_init" in repr(restored)
 
     def test_default_has_no_mask(self):
         rb = TensorDictReplayBuffer(
@@ -207,3 +216,80 @@ class TestPrioritizedWeights:
         index = sample["index"].reshape(NUM_SLICES, SLICE_LEN)
         mask = sample[MASK].view(NUM_SLICES, SLICE_LEN)
         assert (index[~mask] >= 0).all()
+
+
+class TestPrioritizedPadding:
+    @staticmethod
+    def _buffer(kind, tmp_path):
+        sampler = PrioritizedSliceSampler(
+            max_capacity=CAPACITY,
+            alpha=1.0,
+            beta=0.9,
+            slice_len=SLICE_LEN,
+            strict_length=False,
+            pad_output=True,
+        )
+        rb = TensorDictReplayBuffer(
+            storage=make_storage(kind, tmp_path, CAPACITY),
+            sampler=sampler,
+            batch_size=SLICE_LEN * NUM_SLICES,
+        )
+        rb.extend(_data(2 if kind == "tensor2d" else 1))
+        return rb
+
+    @pytest.mark.parametrize("kind", ["tensor", "tensor2d"])
+    @pytest.mark.parametrize("via", ["update_priority", "update_tensordict_priority"])
+    def test_padded_rows_keep_the_real_priority(self, kind, via, tmp_path):
+        torch.manual_seed(0)
+        rb = self._buffer(kind, tmp_path)
+        sample = rb.sample()
+        mask = sample[MASK]
+        assert not mask.all()
+        n = sample.shape[0]
+        # distinct priorities on real rows; padded rows get another value
+        # (whatever a loss computes for them, it is not the real step's)
+        priority = torch.where(mask, torch.arange(1.0, n + 1), torch.tensor(1000.0))
+        if via == "update_priority":
+            rb.update_priority(sample["index"], priority)
+        else:
+            sample.set("td_error", priority)
+            rb.update_tensordict_priority(sample)
+        index = sample["index"]
+        if index.ndim > 1:
+            index = torch.as_tensor(
+                np.ravel_multi_index(index.unbind(-1), rb.storage.shape)
+            )
+        tree = rb.sampler._sum_tree
+        for row in (~mask).nonzero().squeeze(-1).tolist():
+            step = int(index[row])
+            # the padded row points at its slice's last real step...
+            real = priority[mask & (index == step)]
+            assert real.numel()
+            # ...whose priority is a real row's update, not the padded one
+            assert torch.isclose(torch.tensor(tree[step]), real).any(), (
+                tree[step],
+                real,
+            )
+
+    def test_state_dict_round_trip(self, tmp_path):
+        torch.manual_seed(0)
+        rb = self._buffer("tensor", tmp_path)
+        n = len(rb)
+        rb.update_priority(torch.arange(n), torch.rand(n) + 0.1)
+        torch.save(rb.state_dict(), tmp_path / "rb.pt")
+        other = self._buffer("tensor", tmp_path)
+        other.empty()
+        other.load_state_dict(torch.load(tmp_path / "rb.pt", weights_only=False))
+        for name in ("_sum_tree", "_min_tree"):
+            expected = [getattr(rb.sampler, name)[i] for i in range(n)]
+            restored = [getattr(other.sampler, name)[i] for i in range(n)]
+            assert restored == expected, name
+        assert other.sampler._max_priority[0] == rb.sampler._max_priority[0]
+        # and the restored buffer samples like the original one (the
+        # prioritized draw uses numpy's global generator)
+        torch.manual_seed(1)
+        np.random.seed(1)
+        expected = rb.sample()["index"]
+        torch.manual_seed(1)
+        np.random.seed(1)
+        assert (other.sample()["index"] == expected).all()

@@ -2,14 +2,20 @@
 #
 # This source code is licensed under the MIT license found in the
 # LICENSE file in the root directory of this source tree.
-"""Property-based tests of SliceSampler slicing, markers and padding (issue 3)."""
+"""Property-based tests of SliceSampler slicing, markers and padding."""
 from __future__ import annotations
 
 import torch
 from hypothesis import assume, given, HealthCheck, settings, strategies as st
 from tensordict import TensorDict
 
-from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+from torchrl.data import (
+    LazyTensorStorage,
+    PrioritizedSliceSampler,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
 
 TRAJ_KEY = ("collector", "traj_ids")
 MASK = ("collector", "mask")
@@ -72,6 +78,39 @@ def _slices(sample, slice_len, fixed):
     return list(zip(starts, [e + 1 for e in ends]))
 
 
+# (left, right) spans. Integer spans only for SliceSampler and with
+# strict_length=True: TorchRL 0.12.0 rejects them next to trajectories shorter
+# than a slice, and PrioritizedSliceSampler masks every start with a right
+# span of slice_len - 1.
+BOOL_SPANS = [(False, False), (True, True), (True, False), (False, True)]
+INT_SPANS = [(2, 2), (0, 2), (2, 0), (True, 2)]
+
+
+@st.composite
+def samplers(draw, strict_length):
+    cls = draw(
+        st.sampled_from(
+            [SliceSampler, SliceSamplerWithoutReplacement, PrioritizedSliceSampler]
+        )
+    )
+    if cls is SliceSamplerWithoutReplacement:
+        # it takes no span
+        return cls, (False, False)
+    if cls is PrioritizedSliceSampler:
+        # it turns a left span off (with a warning): draw right spans only
+        return cls, draw(st.sampled_from([span for span in BOOL_SPANS if not span[0]]))
+    return cls, draw(st.sampled_from(BOOL_SPANS + (INT_SPANS if strict_length else [])))
+    return cls, draw(st.sampled_from(spans))
+
+
+def _make_sampler(cls, span, capacity, **kwargs):
+    if cls is PrioritizedSliceSampler:
+        return cls(max_capacity=capacity, alpha=0.7, beta=0.9, span=span, **kwargs)
+    if cls is SliceSampler:
+        return cls(span=span, **kwargs)
+    return cls(**kwargs)
+
+
 @settings(
     max_examples=40,
     deadline=None,
@@ -87,31 +126,59 @@ def _slices(sample, slice_len, fixed):
     strict_length=st.booleans(),
     pad_output=st.booleans(),
     seed=st.integers(0, 2**16),
+    data=st.data(),
 )
 def test_slices_markers_padding(
-    envs, inner_resets, ndim, slice_len, num_slices, strict_length, pad_output, seed
+    envs,
+    inner_resets,
+    ndim,
+    slice_len,
+    num_slices,
+    strict_length,
+    pad_output,
+    seed,
+    data,
 ):
+    cls, span = data.draw(samplers(strict_length))
     if strict_length:
         pad_output = False
         assume(max(max(lengths) for lengths in envs) >= slice_len)
+    # an integer span must be shorter than the slice
+    assume(all(isinstance(x, bool) or x < slice_len for x in span))
     torch.manual_seed(seed)
     data = _data(envs, inner_resets, ndim)
     flat = data.reshape(-1)
     traj_len = {
         int(t): int(n) for t, n in zip(*flat[TRAJ_KEY].unique(return_counts=True))
     }
+    if strict_length and cls is SliceSamplerWithoutReplacement:
+        # it may draw only short trajectories, which strict_length rejects
+        assume(min(traj_len.values()) >= slice_len)
+    if strict_length and cls is PrioritizedSliceSampler:
+        # with slice_len=1 it masks every start (TorchRL 0.12.0 too)
+        assume(slice_len > 1)
+    capacity = 2 * flat.numel()
     rb = TensorDictReplayBuffer(
-        storage=LazyTensorStorage(2 * flat.numel(), ndim=ndim),
-        sampler=SliceSampler(
-            slice_len=slice_len, strict_length=strict_length, pad_output=pad_output
+        storage=LazyTensorStorage(capacity, ndim=ndim),
+        sampler=_make_sampler(
+            cls,
+            span,
+            capacity,
+            slice_len=slice_len,
+            strict_length=strict_length,
+            pad_output=pad_output,
         ),
         batch_size=slice_len * num_slices,
     )
     rb.extend(data)
     sample = rb.sample()
     assert sample.ndim == 1
+    # without replacement, one slice per trajectory at most: maybe fewer slices
+    all_slices = cls is not SliceSamplerWithoutReplacement
     if pad_output:
-        assert sample.shape[0] == slice_len * num_slices
+        assert sample.shape[0] % slice_len == 0
+        if all_slices:
+            assert sample.shape[0] == slice_len * num_slices
         assert sample[MASK].shape == sample.shape
     else:
         assert MASK not in sample.keys(True)
@@ -119,8 +186,15 @@ def test_slices_markers_padding(
     is_init = sample["is_init"].reshape(-1)
     # stored resets are kept
     assert (is_init | ~stored_is_init).all()
+    spans = any(span)
+    slices = _slices(
+        sample, slice_len, fixed=pad_output or (strict_length and not spans)
+    )
+    if all_slices:
+        # no slice is empty, nor lost
+        assert len(slices) == num_slices
     real_rows = 0
-    for a, b in _slices(sample, slice_len, fixed=strict_length or pad_output):
+    for a, b in slices:
         piece = sample[a:b]
         traj, step = piece[TRAJ_KEY], piece["step"]
         if pad_output:
@@ -135,11 +209,23 @@ def test_slices_markers_padding(
         else:
             n = b - a
         real_rows += n
+        assert n >= 1
         # a slice never crosses a trajectory boundary
         assert (traj[:n] == traj[0]).all()
         assert (step[1:n] == step[: n - 1] + 1).all()
-        # slices are as long as asked, or as their whole trajectory
-        assert n == min(slice_len, traj_len[int(traj[0])])
+        # slices are as long as asked, or as their whole trajectory...
+        full = min(slice_len, traj_len[int(traj[0])])
+        if not spans:
+            assert n == full
+        else:
+            # ...or cut by the trajectory's start or end, where they may span
+            assert n <= full
+            if n < full:
+                at_start = bool(span[0]) and int(step[0]) == 0
+                at_end = (
+                    bool(span[1]) and int(step[n - 1]) == traj_len[int(traj[0])] - 1
+                )
+                assert at_start or at_end
         # every slice starts with is_init
         assert is_init[a]
         # elsewhere is_init is the stored value

@@ -2,7 +2,7 @@
 #
 # This source code is licensed under the MIT license found in the
 # LICENSE file in the root directory of this source tree.
-"""SliceSampler picks its trajectory key from the storage schema (issue 3, item 1)."""
+"""SliceSampler picks its trajectory key from the storage schema."""
 from __future__ import annotations
 
 import pickle
@@ -10,6 +10,8 @@ import warnings
 
 import pytest
 import torch
+
+import torchrl._utils
 from _slice_sampler_cases import (
     make_sampler,
     make_storage,
@@ -17,8 +19,12 @@ from _slice_sampler_cases import (
     STORAGES as ALL_STORAGES,
 )
 from tensordict import TensorDict
-
-from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+from torchrl.data import (
+    LazyTensorStorage,
+    ListStorage,
+    SliceSampler,
+    TensorDictReplayBuffer,
+)
 
 COLLECTOR_KEY = ("collector", "traj_ids")
 SLICE_LEN = 4
@@ -143,6 +149,73 @@ class TestExplicitKeys:
         assert not sampler._fetch_traj
         assert all(_slices_groups(s, 20) for s in samples)
         assert not all(_slices_groups(s, 10) for s in samples)
+
+
+class TestWarning:
+    def _sample_both_keys(self, tmp_path):
+        sampler = SliceSampler(slice_len=SLICE_LEN)
+        rb = _buffer(make_storage("tensor", tmp_path, CAPACITY), sampler, _data())
+        rb.sample()
+        return sampler
+
+    def test_public_class(self, tmp_path):
+        from torchrl.data import TrajectoryKeyFutureWarning
+        from torchrl.data.replay_buffers import (
+            TrajectoryKeyFutureWarning as FromReplayBuffers,
+        )
+
+        assert FromReplayBuffers is TrajectoryKeyFutureWarning
+        assert issubclass(TrajectoryKeyFutureWarning, FutureWarning)
+        with pytest.warns(TrajectoryKeyFutureWarning) as rec:
+            self._sample_both_keys(tmp_path)
+        assert len(rec) == 1
+        # filtering the class silences it
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            warnings.simplefilter("ignore", TrajectoryKeyFutureWarning)
+            self._sample_both_keys(tmp_path)
+
+    def test_text_names_the_release_and_is_short(self, tmp_path):
+        with pytest.warns(FutureWarning) as rec:
+            self._sample_both_keys(tmp_path)
+        text = str(rec[0].message)
+        # what happened, since when, what to do
+        assert "both" in text and "v0.13" in text and "traj_key=" in text
+        assert len(text) < 400, len(text)
+
+    def test_respects_rl_warnings(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(torchrl._utils, "RL_WARNINGS", False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            sampler = self._sample_both_keys(tmp_path)
+        # the choice does not depend on the warning
+        assert sampler.traj_key == COLLECTOR_KEY
+
+
+@pytest.mark.parametrize("cls", SAMPLERS)
+class TestStorageErrors:
+    @pytest.mark.parametrize("traj_key", [None, "episode"])
+    def test_list_storage_rejected(self, cls, traj_key):
+        """A ListStorage returns lists, not a tensordict: same error as upstream."""
+        storage = ListStorage(CAPACITY)
+        storage.set(range(40), _data(collector=False))
+        kwargs = {} if traj_key is None else {"traj_key": traj_key}
+        sampler = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN, **kwargs)
+        with pytest.raises(
+            RuntimeError, match="Could not get a tensordict out of the storage"
+        ) as err:
+            sampler.sample(storage, batch_size=20)
+        # the cause says which storages work
+        assert "LazyStackStorage" in str(err.value.__context__)
+
+    def test_list_storage_without_traj_key(self, cls):
+        storage = ListStorage(CAPACITY)
+        storage.set(range(40), _data(collector=False, episode=False))
+        sampler = make_sampler(cls, CAPACITY, slice_len=SLICE_LEN)
+        with pytest.raises(
+            RuntimeError, match="Could not get a tensordict out of the storage"
+        ):
+            sampler.sample(storage, batch_size=20)
 
 
 class TestEmptyStorage:

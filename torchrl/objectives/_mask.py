@@ -45,13 +45,17 @@ def _get_mask(tensordict: TensorDictBase, key: NestedKey) -> torch.Tensor | None
         tensordict (TensorDictBase): the input batch.
         key (NestedKey): the key of the mask.
 
+    A mask of shape ``batch_size + (1,)`` (one boolean per row, with a trailing
+    singleton dim like the ``done`` flags) is accepted and read as a mask of
+    shape ``batch_size``.
+
     Returns:
         the boolean mask (of shape ``tensordict.batch_size``), or ``None`` if the
         batch holds no entry at ``key``.
 
     Raises:
-        ValueError: if the entry is not a boolean tensor or if its shape differs
-            from the batch size.
+        ValueError: if the entry is not a boolean tensor or if its shape is
+            neither the batch size nor the batch size followed by ``1``.
     """
     if key is None:
         return None
@@ -66,6 +70,8 @@ def _get_mask(tensordict: TensorDictBase, key: NestedKey) -> torch.Tensor | None
             f"point the loss at another key with loss.set_keys(mask=...)."
         )
     batch_size = tensordict.batch_size
+    if mask.shape == batch_size + (1,):
+        mask = mask.squeeze(-1)
     if mask.shape != batch_size:
         raise ValueError(
             f"The padding mask at key {key!r} has shape {tuple(mask.shape)}, but "
@@ -146,8 +152,8 @@ def _fill_padded(
     else:
         filled = tensordict.reshape(-1)[src].reshape(batch_size)
     if key is not None:
-        # the copied rows carried their own (True) mask entry: restore the mask
-        filled.set(key, mask)
+        # the copied rows carried their own (True) mask entry: restore the entry
+        filled.set(key, tensordict.get(key))
     return filled, mask
 
 
@@ -170,27 +176,36 @@ def _masked_reduce(
 ) -> torch.Tensor:
     """Reduces a per-row loss over the real rows only.
 
+    A thin layer over :func:`~torchrl.objectives.utils._reduce`, whose
+    ``mask`` semantics it keeps: the mask selects the rows of ``tensor`` (and
+    of ``weights``) before the reduction.
+
     Args:
         tensor (torch.Tensor): the per-row loss, whose leading dims are the
             batch dims.
         reduction (str): ``"mean"``, ``"sum"`` or ``"none"``.
         mask (torch.Tensor, optional): the padding mask. ``None`` means every row
-            is real and :func:`~torchrl.objectives.utils._reduce` is called.
+            is real.
         weights (torch.Tensor, optional): importance weights, one per row.
 
     Returns:
         with ``"mean"``, the (weighted) average over the real rows; with
-        ``"sum"``, their (weighted) sum; with ``"none"``, the per-row values with
-        the batch shape kept (padded rows included) so the caller still has
-        everything.
+        ``"sum"``, their (weighted) sum; with ``"none"``, the (weighted)
+        values of the real rows, flattened into one leading dim
+        (``tensor[mask]``), as for the batch with its padded rows removed.
     """
-    if mask is None or reduction == "none":
-        return _reduce(tensor, reduction=reduction, weights=weights)
-    _expand_mask(mask, tensor)
-    tensor = tensor[mask]
-    if weights is not None:
-        weights = weights[mask]
-    return _reduce(tensor, reduction=reduction, weights=weights)
+    if mask is not None:
+        _expand_mask(mask, tensor)
+    return _reduce(tensor, reduction=reduction, mask=mask, weights=weights)
+
+
+def _reduced_batch_size(
+    batch_size: torch.Size, mask: torch.Tensor | None
+) -> torch.Size:
+    """The batch size of the per-row terms ``_masked_reduce(..., "none")`` returns."""
+    if mask is None:
+        return torch.Size(batch_size)
+    return torch.Size([int(mask.sum())])
 
 
 def _masked_mean(tensor: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -227,6 +242,31 @@ def _align_rows(
         if tensor.shape[:-1] == other.shape:
             tensor = tensor.squeeze(-1)
     return tensor, other
+
+
+def _strip_trailing_ones(shape: torch.Size) -> torch.Size:
+    shape = list(shape)
+    while shape and shape[-1] == 1:
+        shape.pop()
+    return torch.Size(shape)
+
+
+def _as_rows(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Gives a per-row term (log-prob, log-ratio) the advantage's ``shape``.
+
+    A term that holds one value per row but has one more (or one less)
+    trailing singleton dim than the advantage, such as the ``[N, 1]``
+    log-probability of a one-dimensional :class:`~torch.distributions.Normal`
+    turned into ``[N, 1, 1]``, would otherwise broadcast against an ``[N, 1]``
+    advantage into ``[N, N, 1]`` and let every row's loss mix with every other
+    row's. It is viewed with ``shape`` instead; any other term is returned
+    unchanged.
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.shape == shape:
+        return tensor
+    if _strip_trailing_ones(tensor.shape) == _strip_trailing_ones(shape):
+        return tensor.reshape(shape)
+    return tensor
 
 
 def _row_aligned(
@@ -273,15 +313,30 @@ def _cut_at_padding(
     tensordict.set(done_key, done | _expand_mask(cut, done))
 
 
+def _written_keys(before: dict, after: TensorDictBase) -> list:
+    """The leaf keys of ``after`` that are new or were (re)written since ``before``."""
+    written = []
+    for key, value in after.items(True, True):
+        old = before.get(key)
+        version = getattr(value, "_version", None)
+        if old is None or old[0] is not value or old[1] != version:
+            written.append(key)
+    return written
+
+
 def _masked_estimate(fun):
     """Makes a value-estimator method ignore the padded steps of its input.
 
-    When the input holds a padding mask (at the estimator's ``mask`` key) with
-    at least one ``False`` entry, the method runs on a copy whose padded rows
-    repeat real rows (so nothing computed on them can overflow) and where the
-    trace is cut after the last real step of every segment and at every padded
-    step, so that no padded step reaches a real step's advantage or target.
-    ``forward`` results are then written back into the caller's tensordict.
+    Estimators read no mask unless their ``mask`` key is set: a mask-aware
+    loss sets it to its own, and a stand-alone estimator takes one through
+    ``set_keys(mask=...)``. When the input holds a padding mask at that key
+    with at least one ``False`` entry, the method runs on a copy whose padded
+    rows repeat real rows (so nothing computed on them can overflow) and where
+    the trace is cut after the last real step of every segment and at every
+    padded step, so that no padded step reaches a real step's advantage or
+    target. Every entry ``forward`` writes (advantage, value target, and the
+    state values it recomputes, existing ones included) is then written into
+    the caller's tensordict.
     """
 
     @functools.wraps(fun)
@@ -295,18 +350,17 @@ def _masked_estimate(fun):
         work, mask = _fill_padded(tensordict, mask, key)
         time_dim = self._get_time_dim(kwargs.get("time_dim"), work)
         _cut_at_padding(work, mask, ("next", self.tensor_keys.done), time_dim)
+        before = {
+            k: (v, getattr(v, "_version", None)) for k, v in work.items(True, True)
+        }
         out = fun(self, work, *args, **kwargs)
         if out is not work:
             return out
-        keys = set(work.keys(True, True)) - set(tensordict.keys(True, True))
-        keys |= {
-            unravel_key(self.tensor_keys.advantage),
-            unravel_key(self.tensor_keys.value_target),
-        }
-        for out_key in keys:
-            value = work.get(out_key, None)
-            if value is not None:
-                tensordict.set(out_key, value)
+        # the done flags were cut above: they are the one entry never copied
+        cut_key = unravel_key(("next", self.tensor_keys.done))
+        for out_key in _written_keys(before, work):
+            if unravel_key(out_key) != cut_key:
+                tensordict.set(out_key, work.get(out_key))
         return tensordict
 
     return new_fun

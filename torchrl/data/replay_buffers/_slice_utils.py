@@ -19,11 +19,11 @@ import warnings
 from typing import Any
 
 import torch
-from tensordict import is_tensor_collection
+from tensordict import is_tensor_collection, is_tensorclass, LazyStackedTensorDict
 from tensordict.utils import NestedKey
 
 from torchrl._user_stacklevel import _user_stacklevel
-from torchrl._utils import _replace_last
+from torchrl._utils import _replace_last, rl_warnings
 
 #: Key written by the collectors, preferred over ``"episode"``.
 COLLECTOR_TRAJ_KEY = ("collector", "traj_ids")
@@ -33,6 +33,36 @@ EPISODE_KEY = "episode"
 IS_INIT_KEY = "is_init"
 #: Key of the padding mask produced with ``pad_output=True``.
 MASK_KEY = ("collector", "mask")
+
+
+class TrajectoryKeyFutureWarning(FutureWarning):
+    """Raised when a slice sampler picks its trajectory key between two stored ones.
+
+    Up to v0.12, :class:`~torchrl.data.SliceSampler` and its subclasses
+    delimited trajectories with ``"episode"`` by default. Since v0.13 the key is
+    detected from the storage and ``("collector", "traj_ids")``, written by the
+    collectors, wins when both are stored. This warning is emitted once per
+    sampler in that case; pass ``traj_key=`` to the sampler to choose a key and
+    silence it, or filter this class with :mod:`warnings`. Like TorchRL's other
+    advisory warnings, it is not emitted when the ``RL_WARNINGS`` environment
+    variable is ``0`` (see :func:`torchrl._utils.rl_warnings`).
+    """
+
+
+def check_nested_key(name: str, value: Any) -> NestedKey:
+    """Returns ``value`` if it is a valid entry key, else raises a ValueError naming ``name``."""
+    if isinstance(value, str) and value:
+        return value
+    if (
+        isinstance(value, tuple)
+        and value
+        and all(isinstance(part, str) and part for part in value)
+    ):
+        return value
+    raise ValueError(
+        f"{name} must be a non-empty string or a non-empty tuple of non-empty "
+        f"strings (a nested key such as ('agents', 'is_init')), got {value!r}."
+    )
 
 
 def _first_item(storage) -> Any:
@@ -83,18 +113,15 @@ def resolve_traj_key(storage) -> tuple[str, NestedKey] | None:
         return None
     has_episode = storage_has_key(storage, EPISODE_KEY)
     if has_collector:
-        if has_episode:
+        if has_episode and rl_warnings():
             warnings.warn(
-                f"SliceSampler found both {COLLECTOR_TRAJ_KEY!r} (written by the "
-                f"collectors) and {EPISODE_KEY!r} in the storage and uses "
-                f"{COLLECTOR_TRAJ_KEY!r} to delimit trajectories. Before this "
-                f"change (TorchRL 0.12.0) the default was {EPISODE_KEY!r}, so the "
-                "sampled slices may differ from what older code got. Pass "
-                f"traj_key={COLLECTOR_TRAJ_KEY!r} to keep this choice, or "
-                f"traj_key={EPISODE_KEY!r} for the former one, to silence this "
-                "warning; it will be removed once the new default has been out "
-                "for two releases.",
-                FutureWarning,
+                f"The storage holds both {COLLECTOR_TRAJ_KEY!r} and "
+                f"{EPISODE_KEY!r}: SliceSampler delimits trajectories with "
+                f"{COLLECTOR_TRAJ_KEY!r}, the default since v0.13 (it was "
+                f"{EPISODE_KEY!r} up to v0.12), so slices may differ from older "
+                f"runs. Pass traj_key={COLLECTOR_TRAJ_KEY!r} (or "
+                f"traj_key={EPISODE_KEY!r}) to choose and silence this warning.",
+                TrajectoryKeyFutureWarning,
                 stacklevel=_user_stacklevel(),
             )
         return ("traj", COLLECTOR_TRAJ_KEY)
@@ -117,18 +144,12 @@ def read_full_column(storage, key: NestedKey) -> torch.Tensor:
     rows = storage[:]
     if is_tensor_collection(rows):
         return rows[key]
-    if isinstance(rows, (list, tuple)):
-        if not rows:
-            raise KeyError(key)
-        if not all(is_tensor_collection(row) for row in rows):
-            raise TypeError(
-                f"Cannot read entry {key!r} out of a {type(storage).__name__} whose "
-                "items are not tensordicts."
-            )
-        return torch.stack([row[key] for row in rows])
+    # Like TorchRL 0.12.0, a storage that returns a list (e.g. ListStorage) is
+    # not read: stacking every stored row at each sample would be costly.
     raise TypeError(
-        f"Cannot read entry {key!r} out of a {type(storage).__name__} holding "
-        f"{type(rows).__name__} items."
+        f"Cannot read entry {key!r} out of a {type(storage).__name__}, which "
+        f"returns {type(rows).__name__} items instead of a tensordict. Use a "
+        "LazyTensorStorage, LazyMemmapStorage or LazyStackStorage."
     )
 
 
@@ -203,14 +224,15 @@ def finish_slices(
     truncated_key: NestedKey | None,
     pad_to: int | None,
     info: dict | None = None,
+    init_key: NestedKey = IS_INIT_KEY,
+    mask_key: NestedKey = MASK_KEY,
 ) -> tuple[tuple[torch.Tensor, ...], dict]:
     """Turns the concatenated slice indices into the sampler's ``(index, info)``.
 
     Reads only the columns it needs at the sampled indices: ``done`` and
     ``terminated`` next to ``truncated_key`` (when not ``None``) and
-    ``"is_init"`` (when stored). The ``info`` entries are written into the
-    sample by :class:`~torchrl.data.TensorDictReplayBuffer` after its single
-    gather.
+    ``init_key`` (when stored). The ``info`` entries are written into the
+    sample by the replay buffer after its single gather.
 
     Args:
         storage (Storage): the sampled storage.
@@ -222,10 +244,14 @@ def finish_slices(
     Keyword Args:
         truncated_key (NestedKey or None): where to write the slice-end marker.
         pad_to (int or None): if not ``None``, each slice is padded up to this
-            length by repeating its last step, and a ``("collector", "mask")``
-            entry marks the real rows.
+            length by repeating its last step, and a ``mask_key`` entry marks
+            the real rows.
         info (dict, optional): per-row info already computed (e.g. priority
             weights); padded like the index.
+        init_key (NestedKey, optional): the slice-start marker, read from the
+            storage and set at every slice start. Defaults to ``"is_init"``.
+        mask_key (NestedKey, optional): where the padding mask is written.
+            Defaults to ``("collector", "mask")``.
 
     Returns:
         the index as a tuple of long tensors, and the info dict.
@@ -259,11 +285,11 @@ def finish_slices(
         info[done_key] = done
         info[terminated_key] = terminated
 
-    is_init = reader.get(IS_INIT_KEY)
+    is_init = reader.get(init_key)
     if is_init is not None:
         is_init = is_init.to(device=device, copy=True)
         is_init[starts] = True
-        info[IS_INIT_KEY] = is_init
+        info[init_key] = is_init
 
     if pad_to is not None:
         num_slices = lengths.shape[0]
@@ -281,5 +307,91 @@ def finish_slices(
             for key, val in list(info.items()):
                 if isinstance(val, torch.Tensor) and val.shape[:1] == (num_rows,):
                     info[key] = val[gather]
-        info[MASK_KEY] = mask.reshape(-1)
+        info[mask_key] = mask.reshape(-1)
     return index_tuple, info
+
+
+def marker_keys(
+    info: dict,
+    *,
+    truncated_key: NestedKey | None,
+    init_key: NestedKey,
+    mask_key: NestedKey,
+) -> list[NestedKey]:
+    """The entries of ``info`` that :func:`finish_slices` wrote as per-row markers."""
+    keys = [init_key, mask_key]
+    if truncated_key is not None:
+        keys += [
+            truncated_key,
+            _replace_last(truncated_key, "done"),
+            _replace_last(truncated_key, "terminated"),
+        ]
+    return [key for key in keys if key in info]
+
+
+def drop_repeated_rows(index: Any, priority: Any) -> tuple[Any, Any]:
+    """Drops the rows whose index repeats the one of the row before them.
+
+    With ``pad_output=True`` the padded rows of a slice follow its last real
+    step and carry its index, while two consecutive steps of a slice never
+    share one: dropping these rows keeps a priority update of the whole sample
+    from overwriting the real step's priority with the padded rows' ones.
+    Anything else (an int index, a scalar priority, mismatched lengths) is
+    returned unchanged, for the sampler to handle or reject as usual.
+    """
+    if not isinstance(index, torch.Tensor) or index.ndim == 0:
+        return index, priority
+    priority_t = torch.as_tensor(priority)
+    num_rows = index.shape[0]
+    if num_rows < 2 or priority_t.numel() != num_rows:
+        return index, priority
+    rows = index.reshape(num_rows, -1)
+    repeated = torch.zeros(num_rows, dtype=torch.bool, device=index.device)
+    repeated[1:] = (rows[1:] == rows[:-1]).all(-1)
+    if not repeated.any():
+        return index, priority
+    keep = ~repeated
+    return index[keep], priority_t.reshape(num_rows)[keep.to(priority_t.device)]
+
+
+def unshare_lazy_stack(data: Any) -> Any:
+    """A shallow copy of a lazily stacked sample, else ``data`` itself.
+
+    A sample of a :class:`~torchrl.data.LazyStackStorage` stacks the stored
+    tensordicts themselves: writing entries into it would write them into the
+    storage (and into every row sampled twice). The copy holds new tensordicts
+    that share the stored tensors, so it costs no data copy.
+    """
+    if isinstance(data, LazyStackedTensorDict):
+        return data.copy()
+    return data
+
+
+def write_row_markers(sampler, data: Any, info: dict) -> Any:
+    """Writes the sampler's per-row markers into a tensordict sample.
+
+    The markers (slice starts, truncation, padding mask) are the ``info``
+    entries the sampler lists in ``_row_markers``; the sampled rows are
+    meaningless to a sequence model without them, so every buffer class writes
+    them, not only :class:`~torchrl.data.TensorDictReplayBuffer` (which writes
+    the whole ``info``). ``info`` itself is left as is. Samples that are not
+    tensordicts (or are tensorclasses), and markers whose leading dimensions do
+    not match the sample (e.g. after a custom ``collate_fn``), are left alone.
+    """
+    row_markers = getattr(sampler, "_row_markers", None)
+    if row_markers is None or not is_tensor_collection(data) or is_tensorclass(data):
+        return data
+    keys = row_markers(info)
+    if not keys:
+        return data
+    data = unshare_lazy_stack(data)
+    is_locked = data.is_locked
+    if is_locked:
+        data.unlock_()
+    for key in keys:
+        val = torch.as_tensor(info[key], device=data.device)
+        if val.shape[: data.ndim] == data.batch_size:
+            data.set(key, val)
+    if is_locked:
+        data.lock_()
+    return data
