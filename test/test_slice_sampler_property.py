@@ -98,8 +98,9 @@ def samplers(draw, strict_length):
         return cls, (False, False)
     if cls is PrioritizedSliceSampler:
         # it turns a left span off (with a warning): draw right spans only
-        return cls, draw(st.sampled_from([span for span in BOOL_SPANS if not span[0]]))
-    return cls, draw(st.sampled_from(BOOL_SPANS + (INT_SPANS if strict_length else [])))
+        spans = [span for span in BOOL_SPANS if not span[0]]
+    else:
+        spans = BOOL_SPANS + (INT_SPANS if strict_length else [])
     return cls, draw(st.sampled_from(spans))
 
 

@@ -36,7 +36,7 @@ MASK_KEY = ("collector", "mask")
 
 
 class TrajectoryKeyFutureWarning(FutureWarning):
-    """Raised when a slice sampler picks its trajectory key between two stored ones.
+    """Emitted when a slice sampler picks its trajectory key between two stored ones.
 
     Up to v0.12, :class:`~torchrl.data.SliceSampler` and its subclasses
     delimited trajectories with ``"episode"`` by default. Since v0.13 the key is
@@ -45,12 +45,12 @@ class TrajectoryKeyFutureWarning(FutureWarning):
     sampler in that case; pass ``traj_key=`` to the sampler to choose a key and
     silence it, or filter this class with :mod:`warnings`. Like TorchRL's other
     advisory warnings, it is not emitted when the ``RL_WARNINGS`` environment
-    variable is ``0`` (see :func:`torchrl._utils.rl_warnings`).
+    variable is ``0`` (read when ``torchrl`` is imported).
     """
 
 
 def check_nested_key(name: str, value: Any) -> NestedKey:
-    """Returns ``value`` if it is a valid entry key, else raises a ValueError naming ``name``."""
+    """Returns ``value`` if it is a valid entry key, else raises a ValueError."""
     if isinstance(value, str) and value:
         return value
     if (
