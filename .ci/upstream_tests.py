@@ -35,6 +35,7 @@ import collections
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -65,12 +66,14 @@ class Result:
     messages: dict[str, str] = field(default_factory=dict)
     longreprs: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
     def update(self, other: Result) -> None:
         self.outcomes.update(other.outcomes)
         self.messages.update(other.messages)
         self.longreprs.update(other.longreprs)
         self.seconds += other.seconds
+        self.cpu_seconds += other.cpu_seconds
 
     def failing(self) -> list[str]:
         return sorted(n for n, o in self.outcomes.items() if o in FAILING)
@@ -208,7 +211,7 @@ class Runner:
             *self.args.pytest_args,
             *paths,
         ]
-        start = time.monotonic()
+        start, cpu = time.monotonic(), _children_cpu()
         with open(log, "w") as f:
             f.write(" ".join(cmd) + "\n")
             f.flush()
@@ -221,6 +224,7 @@ class Runner:
             )
         result = parse_outcomes(outcomes)
         result.seconds = time.monotonic() - start
+        result.cpu_seconds = _children_cpu() - cpu
         return result, proc.returncode
 
     def run_targets(self, side: str, side_path: Path) -> tuple[Result, list[str]]:
@@ -330,7 +334,10 @@ class Runner:
         print("\n== upstream-tests summary")
         print("time per target:")
         for side, target, res in self.timings:
-            print(f"  {side:8} {target:34} {res.seconds:7.0f} s  {_fmt_counts(res)}")
+            print(
+                f"  {side:8} {target:34} {res.seconds:6.0f} s wall "
+                f"{res.cpu_seconds:6.0f} s cpu  {_fmt_counts(res)}"
+            )
         print(f"fork:     {_fmt_counts(fork_res)} (after the serial retry)")
         if args.sides == "both":
             print(f"pristine: {_fmt_counts(pristine_res)} (after the serial retry)")
@@ -339,7 +346,11 @@ class Runner:
                 f"pristine: {len(pristine_res.outcomes)} of the fork's failing "
                 f"tests rerun: {_fmt_counts(pristine_res)}"
             )
-        print(f"wall time: {wall / 60:.1f} min")
+        cpu = sum(r.cpu_seconds for _, _, r in self.timings)
+        print(
+            f"wall time: {wall / 60:.1f} min; cpu time of the pytest runs: "
+            f"{cpu / 60:.1f} min (load average now: {os.getloadavg()[0]:.1f})"
+        )
         if flaky:
             print(
                 f"\nflaky on the fork (failed under load, passed alone): {len(flaky)}"
@@ -401,7 +412,7 @@ class Runner:
             "fork_only": fork_only,
             "flaky": flaky,
             "unexplained": unexplained,
-            "timings": [[s, t, r.seconds] for s, t, r in self.timings],
+            "timings": [[s, t, r.seconds, r.cpu_seconds] for s, t, r in self.timings],
         }
         (self.out / "report.json").write_text(json.dumps(report, indent=1))
         print(f"\nfull outcomes: {self.out / 'report.json'}")
@@ -418,6 +429,11 @@ class Runner:
             f"({len(both)} on pristine too), {c['skipped']} skip"
         )
         return rc
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _outcome_or_children(res: Result, nodeid: str) -> str:
