@@ -383,9 +383,7 @@ def make_uncovered_loss(name: str):
         value = TensorDictModule(
             _mlp(OBS, 1), in_keys=["observation"], out_keys=["state_value"]
         )
-        return objectives.DiscreteIQLLoss(
-            actor, qvalue, value, action_space="one-hot"
-        )
+        return objectives.DiscreteIQLLoss(actor, qvalue, value, action_space="one-hot")
     raise ValueError(name)
 
 

@@ -25,8 +25,8 @@ from _masked_loss_cases import (
     MASK_KEY,
     slice_batches,
     split_trajs_layout,
-    uncovered_batch,
     UNCOVERED,
+    uncovered_batch,
 )
 from hypothesis import given, settings, strategies as st
 
