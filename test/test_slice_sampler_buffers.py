@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _slice_sampler_cases import make_sampler, make_storage, SAMPLERS, STORAGES
+from _slice_sampler_cases import (
+    make_sampler,
+    make_storage,
+    SAMPLERS,
+    STORAGES,
+    trajectory_layout,
+)
 from tensordict import TensorDict
 
 from torchrl.data import (
@@ -30,17 +36,7 @@ BUFFERS = [ReplayBuffer, TensorDictReplayBuffer]
 
 def _data(ndim=1):
     """Two envs, trajectories of 3, 8, 12 and 7 steps (some shorter than a slice)."""
-    trajs, steps = [], []
-    for env in range(2):
-        lengths = [3, 8, 12, 7] if env == 0 else [7, 12, 3, 8]
-        trajs.append(
-            torch.cat([torch.full((n,), 10 * env + i) for i, n in enumerate(lengths)])
-        )
-        steps.append(torch.cat([torch.arange(n) for n in lengths]))
-    traj, step = torch.stack(trajs), torch.stack(steps)
-    done = torch.zeros(*traj.shape, 1, dtype=torch.bool)
-    done[:, :-1, 0] = traj[:, 1:] != traj[:, :-1]
-    done[:, -1] = True
+    traj, step, done = trajectory_layout([[3, 8, 12, 7], [7, 12, 3, 8]], id_stride=10)
     data = TensorDict(
         {
             "obs": torch.arange(traj.numel()).view(traj.shape),

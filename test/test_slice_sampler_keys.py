@@ -10,7 +10,13 @@ import re
 
 import pytest
 import torch
-from _slice_sampler_cases import make_sampler, make_storage, SAMPLERS, STORAGES
+from _slice_sampler_cases import (
+    make_sampler,
+    make_storage,
+    SAMPLERS,
+    STORAGES,
+    trajectory_layout,
+)
 from tensordict import TensorDict
 
 from torchrl.data import ReplayBuffer, TensorDictReplayBuffer
@@ -25,16 +31,7 @@ LENGTHS = [[3, 9, 12, 4], [7, 2, 10, 9]]
 
 
 def _data(ndim, init_key):
-    trajs, steps = [], []
-    for env, lengths in enumerate(LENGTHS):
-        trajs.append(
-            torch.cat([torch.full((n,), 100 * env + i) for i, n in enumerate(lengths)])
-        )
-        steps.append(torch.cat([torch.arange(n) for n in lengths]))
-    traj, step = torch.stack(trajs), torch.stack(steps)
-    done = torch.zeros(*traj.shape, 1, dtype=torch.bool)
-    done[:, :-1, 0] = traj[:, 1:] != traj[:, :-1]
-    done[:, -1] = True
+    traj, step, done = trajectory_layout(LENGTHS)
     data = TensorDict(
         {
             "obs": torch.arange(traj.numel()).view(traj.shape),

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import torch
+from _slice_sampler_cases import trajectory_layout
 from hypothesis import assume, given, HealthCheck, settings, strategies as st
 from tensordict import TensorDict
 
@@ -39,16 +40,7 @@ def layouts(draw):
 
 
 def _data(envs, inner_resets, ndim):
-    trajs, steps = [], []
-    for env, lengths in enumerate(envs):
-        trajs.append(
-            torch.cat([torch.full((n,), 100 * env + i) for i, n in enumerate(lengths)])
-        )
-        steps.append(torch.cat([torch.arange(n) for n in lengths]))
-    traj, step = torch.stack(trajs), torch.stack(steps)
-    done = torch.zeros(*traj.shape, 1, dtype=torch.bool)
-    done[:, :-1, 0] = traj[:, 1:] != traj[:, :-1]
-    done[:, -1] = True
+    traj, step, done = trajectory_layout(envs)
     generator = torch.Generator().manual_seed(inner_resets)
     is_init = (step == 0) | (torch.rand(traj.shape, generator=generator) < 0.05)
     data = TensorDict(
