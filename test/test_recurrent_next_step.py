@@ -24,6 +24,7 @@ from torchrl.data import (
     SliceSamplerWithoutReplacement,
     TensorDictReplayBuffer,
 )
+from torchrl.envs import SerialEnv
 from torchrl.modules import (
     OneHotCategorical,
     ProbabilisticActor,
@@ -275,3 +276,64 @@ def test_discrete_sac_td_error(collected, sampler_cls, pad, skip_done_states):
         rtol=1e-5,
         atol=1e-5,
     )
+
+
+def _collect_batched(kind):
+    """The second ``[envs, time]`` batch of a collector over 3 CartPoles.
+
+    Its rows continue the episodes of the first batch: each row starts with
+    ``"is_init"`` ``False`` and a non-zero stored recurrent state.
+    """
+    torch.manual_seed(0)
+    rnn = make_rnn(kind)
+    head = Mod(nn.Linear(8, 2), in_keys=["features"], out_keys=["logits"])
+    policy = ProbabilisticActor(
+        Seq(rnn, head), in_keys=["logits"], distribution_class=OneHotCategorical
+    )
+    env = SerialEnv(3, make_cartpole)
+    env.set_seed(0)
+    collector = Collector(
+        env,
+        policy,
+        frames_per_batch=3 * 40,
+        total_frames=2 * 3 * 40,
+        auto_register_policy_transforms=True,
+    )
+    batches = list(collector)
+    collector.shutdown()
+    data = batches[1]
+    state_key = "recurrent_state_h" if kind == "lstm" else "recurrent_state"
+    continuing = ~data["is_init"][:, 0].squeeze(-1)
+    assert continuing.any()
+    assert data[state_key][:, 0][continuing].abs().sum() > 0
+    return rnn, data
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("estimator_cls", [TD0Estimator, GAE])
+def test_batched_rows_start_from_their_stored_state(kind, estimator_cls):
+    """On a collected ``[envs, time]`` batch every row is its own sequence.
+
+    The values at the current steps are those of the module called on the
+    batch (which runs each row from its stored state), and each next step
+    follows its own row, not the row before it.
+    """
+    rnn, data = _collect_batched(kind)
+    value_net = _value_net(rnn)
+    with torch.no_grad(), set_recurrent_mode(True):
+        direct = value_net(data.clone())["state_value"]
+    next_ref = []
+    for row in data.unbind(0):
+        row = row.clone()
+        row["is_init"][0] = True  # a row starts from its stored state
+        next_ref.append(_per_slice(value_net, row, "state_value")[1])
+    next_ref = torch.stack(next_ref)
+    kwargs = {"lmbda": 0.9} if estimator_cls is GAE else {}
+    estimator = estimator_cls(gamma=GAMMA, value_network=value_net, **kwargs)
+    out = data.clone()
+    with torch.no_grad(), set_recurrent_mode(True):
+        estimator(out)
+    torch.testing.assert_close(out["state_value"], direct)
+    torch.testing.assert_close(out["next", "state_value"], next_ref)
+    # the stored markers of the batch are left as they were
+    assert (out["is_init"] == data["is_init"]).all()

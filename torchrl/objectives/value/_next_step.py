@@ -57,8 +57,11 @@ def _shifted_input(
 
     A sequence ends at the last step of every row of ``data`` (time is its last
     batch dimension), before every ``"is_init"`` and at every ``("next", "done")``
-    or ``("next", "truncated")``. The inserted rows are marked as continuing
-    their sequence (``"is_init"`` is ``False`` there).
+    or ``("next", "truncated")``. The first step of every row is marked as a
+    sequence start (``"is_init"`` is ``True`` there): a row of a collected
+    ``[envs, time]`` batch that continues an episode starts from its stored
+    recurrent state, not from the end of the row before it. The inserted rows
+    are marked as continuing their sequence (``"is_init"`` is ``False`` there).
 
     Returns:
         the interleaved (flat) input and the positions of the rows of
@@ -74,6 +77,11 @@ def _shifted_input(
     end = end.reshape(-1)
     is_init = root.get(_INIT_KEY, None)
     if is_init is not None:
+        # ``end`` is True at the last step of every row: the step after it
+        # (and the very first one) starts a row.
+        row_start = torch.cat([end.new_ones(1), end[:-1]])
+        is_init = is_init | row_start.view(n, *(1,) * (is_init.ndim - 1))
+        root.set(_INIT_KEY, is_init)
         end[:-1] |= is_init.reshape(n, -1).any(-1)[1:]
     for key in _END_KEYS:
         value = next_td.get(key, None)
