@@ -1,0 +1,628 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""Recurrent PPO on CartPole without velocities, built from TorchRL's own pieces.
+
+CartPole's observation is cut to the cart position and the pole angle
+(``--obs-keep 0,2``): the velocities are gone, so a policy has to infer them
+from what it saw before. An LSTM actor and an LSTM critic learn it with PPO:
+
+- a batch of 16 gymnasium envs (:class:`~torchrl.envs.SerialEnv` of
+  :class:`~torchrl.envs.GymEnv`: the fastest of TorchRL's batched envs here,
+  see ``benchmarks/batched_envs.py``), each behind a
+  :class:`~torchrl.envs.UnaryTransform` that keeps the chosen observation
+  entries; a :class:`~torchrl.envs.RewardSum` for the episode returns, a
+  :class:`~torchrl.envs.RewardScaling` and a
+  :class:`~torchrl.envs.VecNormV2` on the observation whose statistics stop
+  moving after ``--obs-norm-frames`` (inputs that keep drifting make a good
+  policy collapse late in training);
+- the :class:`~torchrl.collectors.Collector` completes the env from the policy
+  (``auto_register_policy_transforms=True`` adds the ``InitTracker`` and both
+  LSTMs' recurrent-state primers), and stores each step's recurrent state;
+- :class:`~torchrl.objectives.value.GAE` runs the critic over the collected
+  ``[envs, steps]`` batch under ``set_recurrent_mode(True)``, the bootstrap
+  values included;
+- each batch goes to a replay buffer whose
+  :class:`~torchrl.data.SliceSamplerWithoutReplacement` cuts it into the
+  trajectory pieces it holds, marks every piece start in ``"is_init"`` so that
+  the LSTMs restart from the state stored there, and pads the pieces to one
+  length with a mask that :class:`~torchrl.objectives.ClipPPOLoss` honours.
+
+Nothing is reshaped to ``[batch, time]``, no hidden state is carried by hand,
+no mask is handled here. ``--policy mlp`` trains the same agent without
+memory: the control, which cannot balance the pole from positions alone.
+
+The script prints a progress bar, one line per evaluation (``--eval-episodes``
+deterministic episodes), writes ``learning_curve.csv`` and
+``learning_curve.png`` to ``--out`` and ends with
+``eval return R after F frames in W s``. ``--help`` lists every flag.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
+
+from torchrl.collectors import Collector
+from torchrl.data import (
+    LazyTensorStorage,
+    SliceSamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
+from torchrl.envs import (
+    ExplorationType,
+    GymEnv,
+    RewardScaling,
+    RewardSum,
+    SerialEnv,
+    set_exploration_type,
+    TransformedEnv,
+    UnaryTransform,
+    VecNormV2,
+)
+from torchrl.modules import (
+    GRUModule,
+    LSTMModule,
+    MLP,
+    OneHotCategorical,
+    ProbabilisticActor,
+    set_recurrent_mode,
+)
+from torchrl.objectives import ClipPPOLoss
+from torchrl.objectives.value import GAE
+
+DESCRIPTION = __doc__.split("\n")[0]
+
+
+def _positive_int(name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{name} takes a positive integer, got {value!r}"
+        ) from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {number}")
+    return number
+
+
+def _unit_float(name: str, value: str, *, low_open: bool = False) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name} takes a number, got {value!r}")
+    if not (0.0 < number <= 1.0 if low_open else 0.0 <= number <= 1.0):
+        interval = "(0, 1]" if low_open else "[0, 1]"
+        raise argparse.ArgumentTypeError(f"{name} must be in {interval}, got {number}")
+    return number
+
+
+def _obs_keep(value: str) -> tuple[int, ...] | None:
+    if value == "all":
+        return None
+    try:
+        entries = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--obs-keep takes 'all' or comma-separated entry indices such as "
+            f"'0,2', got {value!r}"
+        ) from None
+    if len(set(entries)) != len(entries) or min(entries) < 0:
+        raise argparse.ArgumentTypeError(
+            f"--obs-keep takes distinct non-negative indices, got {value!r}"
+        )
+    return entries
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=DESCRIPTION,
+        epilog="Defaults solve CartPole-v1 without velocities within 100k frames.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    env = parser.add_argument_group("environment")
+    env.add_argument(
+        "--env",
+        default="CartPole-v1",
+        help="gymnasium id; needs a 1-d Box observation and a Discrete action",
+    )
+    env.add_argument(
+        "--obs-keep",
+        type=_obs_keep,
+        default=(0, 2),
+        metavar="I,J,...|all",
+        help="observation entries the agent sees ('0,2': CartPole's cart "
+        "position and pole angle, no velocities); 'all' keeps every entry",
+    )
+    env.add_argument(
+        "--num-envs",
+        type=partial(_positive_int, "--num-envs"),
+        default=16,
+        help="envs stepped together (a SerialEnv)",
+    )
+    env.add_argument(
+        "--obs-norm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="normalize the observation with running statistics (VecNormV2); "
+        "the evaluation env uses a frozen copy of them",
+    )
+    env.add_argument(
+        "--obs-norm-frames",
+        type=int,
+        default=20_000,
+        help="with --obs-norm: frames after which the statistics stop moving "
+        "(0: never), so that the policy's inputs stop drifting",
+    )
+    agent = parser.add_argument_group("agent")
+    agent.add_argument(
+        "--policy",
+        choices=("rnn", "mlp"),
+        default="rnn",
+        help="'rnn': recurrent actor and critic; 'mlp': the same agent without "
+        "memory (the control)",
+    )
+    agent.add_argument(
+        "--rnn",
+        choices=("lstm", "gru"),
+        default="lstm",
+        help="recurrent cell of the actor and of the critic",
+    )
+    agent.add_argument(
+        "--hidden",
+        type=partial(_positive_int, "--hidden"),
+        default=64,
+        help="recurrent state size, and width of the heads' hidden layer",
+    )
+    ppo = parser.add_argument_group("PPO")
+    ppo.add_argument(
+        "--frames",
+        type=partial(_positive_int, "--frames"),
+        default=100_000,
+        help="env frames to collect in all",
+    )
+    ppo.add_argument(
+        "--steps-per-env",
+        type=partial(_positive_int, "--steps-per-env"),
+        default=32,
+        help="steps each env runs per batch (a batch is num-envs x this)",
+    )
+    ppo.add_argument(
+        "--epochs",
+        type=partial(_positive_int, "--epochs"),
+        default=20,
+        help="passes over each batch",
+    )
+    ppo.add_argument(
+        "--minibatch-slices",
+        type=partial(_positive_int, "--minibatch-slices"),
+        default=64,
+        help="trajectory pieces per minibatch; a batch holds num-envs pieces "
+        "plus one per episode that ends in it, so the default takes the whole "
+        "batch in one minibatch once episodes last",
+    )
+    ppo.add_argument(
+        "--lr",
+        type=float,
+        default=1e-3,
+        help="Adam learning rate, decayed linearly to 0",
+    )
+    ppo.add_argument(
+        "--clip",
+        type=partial(_unit_float, "--clip", low_open=True),
+        default=0.2,
+        help="PPO clipping, decayed linearly to 0",
+    )
+    ppo.add_argument(
+        "--gamma",
+        type=partial(_unit_float, "--gamma"),
+        default=0.995,
+        help="discount (a long horizon: the cart drifts off the track slowly)",
+    )
+    ppo.add_argument(
+        "--gae-lambda",
+        type=partial(_unit_float, "--gae-lambda"),
+        default=0.95,
+        help="GAE lambda",
+    )
+    ppo.add_argument(
+        "--normalize-advantage",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="standardize the advantages of each minibatch",
+    )
+    ppo.add_argument(
+        "--entropy-coef",
+        type=float,
+        default=0.0,
+        help="weight of the entropy bonus",
+    )
+    ppo.add_argument(
+        "--max-grad-norm",
+        type=float,
+        default=0.5,
+        help="gradient norm clipping (actor and critic together)",
+    )
+    ppo.add_argument(
+        "--reward-scale",
+        type=float,
+        default=0.1,
+        help="factor on the rewards the agent learns from (the returns shown "
+        "are the env's): it keeps the critic's gradients from crowding out the "
+        "actor's under the joint gradient clipping",
+    )
+    run = parser.add_argument_group("run")
+    run.add_argument("--seed", type=int, default=0, help="seed of torch and the envs")
+    run.add_argument(
+        "--threads",
+        type=partial(_positive_int, "--threads"),
+        default=1,
+        help="torch intra-op threads (the networks are small: 1 is fastest)",
+    )
+    run.add_argument(
+        "--eval-every",
+        type=partial(_positive_int, "--eval-every"),
+        default=10_000,
+        help="frames between two evaluations",
+    )
+    run.add_argument(
+        "--eval-episodes",
+        type=partial(_positive_int, "--eval-episodes"),
+        default=10,
+        help="deterministic episodes per evaluation",
+    )
+    run.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/recurrent_ppo"),
+        help="folder for learning_curve.csv and learning_curve.png",
+    )
+    run.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (the evaluation lines are still printed)",
+    )
+    args = parser.parse_args(argv)
+    if args.obs_norm_frames < 0:
+        parser.error(f"--obs-norm-frames must be >= 0, got {args.obs_norm_frames}")
+    for flag in ("lr", "max_grad_norm", "reward_scale"):
+        if not getattr(args, flag) > 0:
+            parser.error(
+                f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}"
+            )
+    if args.frames < args.num_envs * args.steps_per_env:
+        parser.error(
+            f"--frames={args.frames} is less than one batch "
+            f"(--num-envs x --steps-per-env = {args.num_envs * args.steps_per_env})"
+        )
+    _check_env(parser, args)
+    return args
+
+
+def _check_env(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--env`` and ``--obs-keep`` against the env's spaces; sets ``args.max_episode_steps``."""
+    import gymnasium as gym
+
+    try:
+        env = gym.make(args.env)
+    except gym.error.Error as err:
+        parser.error(f"--env {args.env}: gymnasium cannot make it ({err})")
+    obs_space, action_space = env.observation_space, env.action_space
+    args.max_episode_steps = env.spec.max_episode_steps if env.spec else None
+    env.close()
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        parser.error(
+            f"--env {args.env}: the recipe needs a 1-d Box observation space, "
+            f"got {obs_space}"
+        )
+    if not isinstance(action_space, gym.spaces.Discrete):
+        parser.error(
+            f"--env {args.env}: the recipe needs a Discrete action space, got "
+            f"{action_space}"
+        )
+    if args.max_episode_steps is None:
+        parser.error(
+            f"--env {args.env} has no episode step limit: the evaluation needs "
+            "one. Register it with max_episode_steps."
+        )
+    obs_dim = obs_space.shape[0]
+    if args.obs_keep is not None and max(args.obs_keep) >= obs_dim:
+        parser.error(
+            f"--obs-keep {','.join(map(str, args.obs_keep))}: the observation of "
+            f"{args.env} has {obs_dim} entries (0 to {obs_dim - 1})"
+        )
+
+
+def _keep_entries(observation: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return observation.index_select(-1, index)
+
+
+def _make_one_env(env_id: str, obs_keep: tuple[int, ...] | None):
+    env = GymEnv(env_id)
+    if obs_keep is None:
+        return env
+    return TransformedEnv(
+        env,
+        UnaryTransform(
+            in_keys=["observation"],
+            out_keys=["observation"],
+            fn=partial(_keep_entries, index=torch.tensor(obs_keep)),
+        ),
+    )
+
+
+def make_env(
+    args: argparse.Namespace, num_envs: int, seed: int, policy=None
+) -> TransformedEnv:
+    """A batch of ``num_envs`` gym envs that show the agent the kept entries only.
+
+    With ``policy``, the env is completed with what the policy needs
+    (``InitTracker``, recurrent-state primers), through ``policy=``.
+    """
+    env = TransformedEnv(
+        SerialEnv(num_envs, partial(_make_one_env, args.env, args.obs_keep)),
+        RewardSum(),
+        policy=policy,
+    )
+    if args.reward_scale != 1.0:
+        env.append_transform(RewardScaling(loc=0.0, scale=args.reward_scale))
+    if args.obs_norm:
+        env.append_transform(VecNormV2(in_keys=["observation"], reduce_batch_dims=True))
+    env.set_seed(seed)
+    return env
+
+
+def make_agent(
+    args: argparse.Namespace, obs_dim: int, num_actions: int
+) -> tuple[ProbabilisticActor, TensorDictSequential]:
+    """The actor and the critic: each an RNN (or nothing, for ``--policy mlp``) and an MLP head."""
+    hidden = args.hidden
+
+    def trunk(name: str) -> list[TensorDictModule]:
+        if args.policy == "mlp":
+            return [
+                TensorDictModule(
+                    nn.Identity(), in_keys=["observation"], out_keys=[f"{name}_in"]
+                )
+            ]
+        if args.rnn == "lstm":
+            module = LSTMModule(
+                input_size=obs_dim,
+                hidden_size=hidden,
+                in_keys=["observation", f"{name}_h", f"{name}_c"],
+                out_keys=[f"{name}_in", ("next", f"{name}_h"), ("next", f"{name}_c")],
+            )
+        else:
+            module = GRUModule(
+                input_size=obs_dim,
+                hidden_size=hidden,
+                in_keys=["observation", f"{name}_h"],
+                out_keys=[f"{name}_in", ("next", f"{name}_h")],
+            )
+        return [module]
+
+    head_in = obs_dim if args.policy == "mlp" else hidden
+    actor_net = TensorDictSequential(
+        *trunk("actor"),
+        TensorDictModule(
+            MLP(
+                in_features=head_in,
+                out_features=num_actions,
+                num_cells=[hidden],
+                activation_class=nn.ReLU,
+            ),
+            in_keys=["actor_in"],
+            out_keys=["logits"],
+        ),
+    )
+    actor = ProbabilisticActor(
+        actor_net,
+        in_keys=["logits"],
+        out_keys=["action"],
+        distribution_class=OneHotCategorical,
+        return_log_prob=True,
+    )
+    critic = TensorDictSequential(
+        *trunk("critic"),
+        TensorDictModule(
+            MLP(
+                in_features=head_in,
+                out_features=1,
+                num_cells=[hidden],
+                activation_class=nn.ReLU,
+            ),
+            in_keys=["critic_in"],
+            out_keys=["state_value"],
+        ),
+    )
+    return actor, critic
+
+
+def evaluate(env, policy, episodes: int, max_steps: int) -> float:
+    """Mean return of the first episode of each of ``episodes`` envs, acting deterministically."""
+    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+        rollout = env.rollout(
+            max_steps,
+            policy,
+            break_when_any_done=False,
+            break_when_all_done=True,
+        )
+    done = rollout["next", "done"].squeeze(-1)
+    returns = rollout["next", "episode_reward"].squeeze(-1)
+    # Each env's first episode: its return at its first done, or, for an env
+    # that ran out of steps, what it earned by then.
+    first = done.int().argmax(-1)
+    first = torch.where(done.any(-1), first, done.shape[-1] - 1)
+    return returns.gather(-1, first.unsqueeze(-1)).mean().item()
+
+
+def _vecnorm(env) -> VecNormV2:
+    return next(t for t in env.transform if isinstance(t, VecNormV2))
+
+
+def write_curve(out: Path, rows: list[dict[str, float]], title: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "learning_curve.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=["frames", "eval_return", "wall_s"])
+        writer.writeheader()
+        writer.writerows(rows)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["frames"] for r in rows], [r["eval_return"] for r in rows], marker="o")
+    ax.set_xlabel("frames")
+    ax.set_ylabel("deterministic evaluation return")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "learning_curve.png", dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    args = parse_args(argv)
+    from tqdm import tqdm
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    start = time.monotonic()
+
+    env = make_env(args, args.num_envs, args.seed)
+    obs_dim = env.observation_spec["observation"].shape[-1]
+    actor, critic = make_agent(args, obs_dim, env.action_spec.shape[-1])
+
+    # Evaluation runs the actor alone: policy= completes its env for the actor.
+    eval_env = make_env(args, args.eval_episodes, args.seed + 10_000, policy=actor)
+    frames_per_batch = args.num_envs * args.steps_per_env
+    # Whole batches only, never more than --frames.
+    total_frames = args.frames // frames_per_batch * frames_per_batch
+    # A recurrent critic runs during collection too, so that its recurrent
+    # state is stored at every step and its values can restart from any step.
+    collect_policy = (
+        actor if args.policy == "mlp" else TensorDictSequential(actor, critic)
+    )
+    collector = Collector(
+        env,
+        collect_policy,
+        frames_per_batch=frames_per_batch,
+        total_frames=total_frames,
+        auto_register_policy_transforms=True,
+    )
+
+    advantage = GAE(
+        gamma=args.gamma,
+        lmbda=args.gae_lambda,
+        value_network=critic,
+        average_gae=False,
+    )
+    loss_fn = ClipPPOLoss(
+        actor,
+        critic,
+        clip_epsilon=args.clip,
+        entropy_coeff=args.entropy_coef,
+        entropy_bonus=args.entropy_coef > 0,
+        critic_coeff=0.5,
+        loss_critic_type="l2",
+        normalize_advantage=args.normalize_advantage,
+    )
+    optim = torch.optim.Adam(loss_fn.parameters(), lr=args.lr, eps=1e-5)
+
+    buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(frames_per_batch, ndim=2),
+        sampler=SliceSamplerWithoutReplacement(
+            slice_len=args.steps_per_env, strict_length=False, pad_output=True
+        ),
+        batch_size=args.minibatch_slices * args.steps_per_env,
+    )
+
+    rows: list[dict[str, float]] = []
+    recent: list[float] = []
+    frames = 0
+    title = (
+        f"{args.env} obs {args.obs_keep or 'all'}: "
+        f"{args.rnn if args.policy == 'rnn' else 'mlp'} PPO, seed {args.seed}"
+    )
+
+    def run_eval() -> None:
+        if args.obs_norm:
+            eval_norm = _vecnorm(eval_env)
+            eval_norm.load_state_dict(_vecnorm(env).state_dict())
+            eval_norm.freeze()
+        value = evaluate(eval_env, actor, args.eval_episodes, args.max_episode_steps)
+        wall = time.monotonic() - start
+        rows.append({"frames": frames, "eval_return": value, "wall_s": round(wall, 2)})
+        message = f"eval: return {value:.1f} after {frames} frames ({wall:.0f} s)"
+        if bar is not None:
+            bar.write(message)
+        else:
+            print(message, flush=True)
+
+    bar = None
+    if not args.no_progress:
+        bar = tqdm(total=total_frames, unit="frame", dynamic_ncols=True)
+    run_eval()
+    next_eval = args.eval_every
+    num_batches = total_frames // frames_per_batch
+    try:
+        for i, batch in enumerate(collector):
+            frames += batch.numel()
+            progress = i / num_batches
+            for group in optim.param_groups:
+                group["lr"] = args.lr * (1 - progress)
+            loss_fn.clip_epsilon.fill_(args.clip * (1 - progress))
+            if args.obs_norm and 0 < args.obs_norm_frames <= frames:
+                _vecnorm(env).freeze()
+            done = batch["next", "done"]
+            recent.extend(batch["next", "episode_reward"][done].tolist())
+            recent = recent[-20:]
+
+            with torch.no_grad(), set_recurrent_mode(True):
+                advantage(batch)
+            buffer.empty()
+            buffer.extend(batch)
+            for _ in range(args.epochs):
+                for minibatch in buffer:
+                    with set_recurrent_mode(True):
+                        losses = loss_fn(minibatch)
+                    loss = losses["loss_objective"] + losses["loss_critic"]
+                    if "loss_entropy" in losses.keys():
+                        loss = loss + losses["loss_entropy"]
+                    optim.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(loss_fn.parameters(), args.max_grad_norm)
+                    optim.step()
+            collector.update_policy_weights_()
+
+            if bar is not None:
+                bar.update(batch.numel())
+                elapsed = bar.format_dict["elapsed"] or 1.0
+                postfix = {"fps": f"{frames / elapsed:.0f}"}
+                if recent:
+                    postfix["return"] = f"{sum(recent) / len(recent):.1f}"
+                bar.set_postfix(postfix)
+            if frames >= next_eval or frames >= total_frames:
+                run_eval()
+                next_eval += args.eval_every
+    finally:
+        collector.shutdown()
+        if bar is not None:
+            bar.close()
+    wall = time.monotonic() - start
+    write_curve(args.out, rows, title)
+    final = rows[-1]["eval_return"]
+    print(f"eval return {final:.1f} after {frames} frames in {wall:.0f} s")
+    return {"eval_return": final, "frames": frames, "wall_s": wall, "curve": rows}
+
+
+if __name__ == "__main__":
+    main()
