@@ -1,0 +1,126 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""``examples/recurrent/recurrent_ppo.py``, the main job, run as a user runs it.
+
+Short runs check what the script promises (progress bar, evaluation lines,
+CSV, PNG, last line, flags and their errors). The learning check runs the
+defaults for 100k frames and is marked ``learning``: skip it locally with
+``pytest -m "not learning"``.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "examples" / "recurrent" / "recurrent_ppo.py"
+LAST_LINE = re.compile(r"^eval return (-?\d+\.\d) after (\d+) frames in (\d+) s$")
+SHORT = ["--frames", "1024", "--eval-every", "512", "--eval-episodes", "2"]
+
+
+def _run(*args, timeout=600):
+    env = dict(os.environ, RL_WARNINGS="0")
+    return subprocess.run(
+        [sys.executable, str(RECIPE), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def _curve(out: Path) -> list[dict[str, float]]:
+    with open(out / "learning_curve.csv") as file:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(file)]
+
+
+def test_short_run_outputs(tmp_path):
+    proc = _run(*SHORT, "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # tqdm's bar, with the frames per second and the recent episode return
+    assert "frame/s" in proc.stderr
+    assert re.search(r"fps=\d+", proc.stderr)
+    assert re.search(r"return=\d+\.\d", proc.stderr)
+    evals = re.findall(r"eval: return (\d+\.\d) after (\d+) frames", proc.stdout)
+    assert [int(f) for _, f in evals] == [0, 512, 1024]
+    curve = _curve(tmp_path)
+    assert [r["frames"] for r in curve] == [0, 512, 1024]
+    assert [f"{r['eval_return']:.1f}" for r in curve] == [r for r, _ in evals]
+    assert all(r["eval_return"] >= 1 for r in curve)  # every episode lasts a step
+    assert all(a["wall_s"] <= b["wall_s"] for a, b in zip(curve, curve[1:]))
+    png = (tmp_path / "learning_curve.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+    last = proc.stdout.strip().splitlines()[-1]
+    match = LAST_LINE.match(last)
+    assert match, last
+    assert match.group(1) == evals[-1][0] and match.group(2) == "1024"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--policy", "mlp"],
+        ["--rnn", "gru"],
+        ["--obs-keep", "all", "--obs-norm"],
+        ["--env", "Acrobot-v1", "--obs-keep", "0,1,2,3"],
+    ],
+    ids=["mlp", "gru", "all-obs-norm", "acrobot"],
+)
+def test_variants_run(tmp_path, flags):
+    proc = _run(*SHORT, "--no-progress", "--out", str(tmp_path), *flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "frame/s" not in proc.stderr  # --no-progress
+    assert LAST_LINE.match(proc.stdout.strip().splitlines()[-1])
+    assert len(_curve(tmp_path)) == 3
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--obs-keep", "0,9"], "--obs-keep 0,9: the observation of CartPole-v1 has 4"),
+        (["--obs-keep", "0,0"], "--obs-keep takes distinct non-negative indices"),
+        (["--obs-keep", "pos"], "--obs-keep takes 'all' or comma-separated"),
+        (["--env", "Pendulum-v1"], "needs a Discrete action space"),
+        (["--env", "NoSuchEnv-v0"], "--env NoSuchEnv-v0: gymnasium cannot make it"),
+        (["--frames", "100"], "--frames=100 is less than one batch"),
+        (["--num-envs", "0"], "--num-envs must be at least 1"),
+        (["--lr", "0"], "--lr must be positive"),
+        (["--gamma", "1.5"], "--gamma must be in [0, 1]"),
+        (["--policy", "transformer"], "invalid choice: 'transformer'"),
+    ],
+)
+def test_bad_flags(flags, message):
+    proc = _run(*flags, timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr, proc.stderr
+
+
+def test_help_explains_every_flag():
+    proc = _run("--help", timeout=120)
+    assert proc.returncode == 0
+    flags = set(re.findall(r"^\s+(--[a-z-]+)", proc.stdout, flags=re.M))
+    source = RECIPE.read_text()
+    declared = set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))
+    assert declared and declared <= flags | {"--help"}
+    # every flag has its help text (the default is printed next to it)
+    assert proc.stdout.count("(default:") >= len(declared) - 2
+
+
+@pytest.mark.learning
+def test_learns_cartpole_without_velocities(tmp_path):
+    """Defaults, seed 0: the deterministic evaluation reaches 475 within 100k frames."""
+    proc = _run("--seed", "0", "--no-progress", "--out", str(tmp_path), timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    curve = _curve(tmp_path)
+    assert curve[-1]["frames"] <= 100_000
+    best = max(r["eval_return"] for r in curve)
+    assert best >= 475, proc.stdout
