@@ -63,8 +63,12 @@ class TestMakeTargets:
         assert "-m sphinx" in recipe and "-W" in recipe and "--keep-going" in recipe
         assert "docs/source docs/_build/html" in recipe
 
-    def test_demo_runs_the_example(self):
-        assert str(EXAMPLE.relative_to(ROOT)) in _make_targets()["demo"]
+    def test_demo_runs_the_examples(self):
+        recipe = _make_targets()["demo"]
+        assert str(EXAMPLE.relative_to(ROOT)) in recipe
+        # the main job first: recurrent PPO with its defaults
+        first = recipe.splitlines()[0]
+        assert first.endswith("examples/recurrent/recurrent_ppo.py"), first
 
     def test_docs_requirements_pinned(self):
         reqs = (ROOT / "requirements" / "docs.txt").read_text().splitlines()
