@@ -8,9 +8,12 @@ CartPole's observation is cut to the cart position and the pole angle
 (``--obs-keep 0,2``): the velocities are gone, so a policy has to infer them
 from what it saw before. An LSTM actor and an LSTM critic learn it with PPO:
 
-- a batch of 16 gymnasium envs (:class:`~torchrl.envs.SerialEnv` of
-  :class:`~torchrl.envs.GymEnv`: the fastest of TorchRL's batched envs here,
-  see ``benchmarks/batched_envs.py``), each behind a
+- a batch of 16 gymnasium envs (gymnasium's ``SyncVectorEnv`` through
+  :class:`~torchrl.envs.GymWrapper`, with TorchRL resetting the done envs:
+  the fastest way here, see ``benchmarks/batched_envs.py``;
+  ``--batched-env serial`` or ``parallel`` for
+  :class:`~torchrl.envs.SerialEnv` / :class:`~torchrl.envs.ParallelEnv` of
+  :class:`~torchrl.envs.GymEnv`) behind a
   :class:`~torchrl.envs.UnaryTransform` that keeps the chosen observation
   entries; a :class:`~torchrl.envs.RewardSum` for the episode returns, a
   :class:`~torchrl.envs.RewardScaling` and a
@@ -59,6 +62,8 @@ from torchrl.data import (
 from torchrl.envs import (
     ExplorationType,
     GymEnv,
+    GymWrapper,
+    ParallelEnv,
     RewardScaling,
     RewardSum,
     SerialEnv,
@@ -161,6 +166,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --obs-norm: frames after which the statistics stop moving "
         "(0: never), so that the policy's inputs stop drifting",
     )
+    env.add_argument(
+        "--batched-env",
+        choices=("vector", "serial", "parallel"),
+        default="vector",
+        help="how the envs are stepped together: gymnasium's SyncVectorEnv "
+        "through GymWrapper, or TorchRL's SerialEnv / ParallelEnv of GymEnv "
+        "(benchmarks/batched_envs.py measures them)",
+    )
     agent = parser.add_argument_group("agent")
     agent.add_argument(
         "--policy",
@@ -174,6 +187,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("lstm", "gru"),
         default="lstm",
         help="recurrent cell of the actor and of the critic",
+    )
+    agent.add_argument(
+        "--shared-rnn",
+        action="store_true",
+        help="one RNN for the actor and the critic (default: one each, as "
+        "SB3-contrib's RecurrentPPO)",
     )
     agent.add_argument(
         "--hidden",
@@ -344,18 +363,40 @@ def _keep_entries(observation: torch.Tensor, index: torch.Tensor) -> torch.Tenso
     return observation.index_select(-1, index)
 
 
+def _keep(obs_keep: tuple[int, ...]) -> UnaryTransform:
+    return UnaryTransform(
+        in_keys=["observation"],
+        out_keys=["observation"],
+        fn=partial(_keep_entries, index=torch.tensor(obs_keep)),
+    )
+
+
 def _make_one_env(env_id: str, obs_keep: tuple[int, ...] | None):
     env = GymEnv(env_id)
-    if obs_keep is None:
-        return env
-    return TransformedEnv(
-        env,
-        UnaryTransform(
-            in_keys=["observation"],
-            out_keys=["observation"],
-            fn=partial(_keep_entries, index=torch.tensor(obs_keep)),
-        ),
-    )
+    return env if obs_keep is None else TransformedEnv(env, _keep(obs_keep))
+
+
+def _make_batch(kind: str, env_id: str, num_envs: int, obs_keep):
+    """``num_envs`` envs stepped together, showing the kept entries only.
+
+    ``"vector"`` is gymnasium's ``SyncVectorEnv`` (auto-reset off: TorchRL
+    resets the done envs) behind one filter; ``"serial"`` and ``"parallel"``
+    are TorchRL's batched envs of filtered ``GymEnv``.
+    """
+    if kind == "vector":
+        import gymnasium as gym
+
+        env = GymWrapper(
+            gym.make_vec(
+                env_id,
+                num_envs=num_envs,
+                vectorization_mode="sync",
+                vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.DISABLED},
+            )
+        )
+        return env if obs_keep is None else TransformedEnv(env, _keep(obs_keep))
+    batched = SerialEnv if kind == "serial" else ParallelEnv
+    return batched(num_envs, partial(_make_one_env, env_id, obs_keep))
 
 
 def make_env(
@@ -367,7 +408,7 @@ def make_env(
     (``InitTracker``, recurrent-state primers), through ``policy=``.
     """
     env = TransformedEnv(
-        SerialEnv(num_envs, partial(_make_one_env, args.env, args.obs_keep)),
+        _make_batch(args.batched_env, args.env, num_envs, args.obs_keep),
         RewardSum(),
         policy=policy,
     )
@@ -409,8 +450,12 @@ def make_agent(
         return [module]
 
     head_in = obs_dim if args.policy == "mlp" else hidden
+    actor_trunk = trunk("actor")
+    # --shared-rnn: the critic's head reads the actor's RNN output
+    critic_trunk = actor_trunk if args.shared_rnn else trunk("critic")
+    critic_in = "actor_in" if args.shared_rnn else "critic_in"
     actor_net = TensorDictSequential(
-        *trunk("actor"),
+        *actor_trunk,
         TensorDictModule(
             MLP(
                 in_features=head_in,
@@ -430,7 +475,7 @@ def make_agent(
         return_log_prob=True,
     )
     critic = TensorDictSequential(
-        *trunk("critic"),
+        *critic_trunk,
         TensorDictModule(
             MLP(
                 in_features=head_in,
@@ -438,7 +483,7 @@ def make_agent(
                 num_cells=[hidden],
                 activation_class=nn.ReLU,
             ),
-            in_keys=["critic_in"],
+            in_keys=[critic_in],
             out_keys=["state_value"],
         ),
     )
@@ -448,12 +493,8 @@ def make_agent(
 def evaluate(env, policy, episodes: int, max_steps: int) -> float:
     """Mean return of the first episode of each of ``episodes`` envs, acting deterministically."""
     with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
-        rollout = env.rollout(
-            max_steps,
-            policy,
-            break_when_any_done=False,
-            break_when_all_done=True,
-        )
+        # Done envs are reset and go on; each env's first episode is read.
+        rollout = env.rollout(max_steps, policy, break_when_any_done=False)
     done = rollout["next", "done"].squeeze(-1)
     returns = rollout["next", "episode_reward"].squeeze(-1)
     # Each env's first episode: its return at its first done, or, for an env
@@ -509,7 +550,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # A recurrent critic runs during collection too, so that its recurrent
     # state is stored at every step and its values can restart from any step.
     collect_policy = (
-        actor if args.policy == "mlp" else TensorDictSequential(actor, critic)
+        actor
+        if args.policy == "mlp" or args.shared_rnn
+        else TensorDictSequential(actor, critic)
     )
     collector = Collector(
         env,
@@ -548,8 +591,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     rows: list[dict[str, float]] = []
     recent: list[float] = []
     frames = 0
+    seen = "all" if args.obs_keep is None else ",".join(map(str, args.obs_keep))
     title = (
-        f"{args.env} obs {args.obs_keep or 'all'}: "
+        f"{args.env} (observation entries {seen}): "
         f"{args.rnn if args.policy == 'rnn' else 'mlp'} PPO, seed {args.seed}"
     )
 
