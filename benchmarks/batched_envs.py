@@ -4,18 +4,23 @@
 # LICENSE file in the root directory of this source tree.
 """Which batch of CartPoles steps fastest under a recurrent policy, on this machine.
 
-The recurrent PPO recipe (``examples/recurrent/recurrent_ppo.py``) steps 8
-CartPoles at a time. This compares the three ways TorchRL offers, each with the
-recipe's observation filter, episode-return counter and the policy's
-``InitTracker`` and LSTM primer, stepped by a one-LSTM policy in a
-:class:`~torchrl.collectors.Collector` (what the recipe does):
+The recurrent PPO recipe (``examples/recurrent/recurrent_ppo.py``) steps 16
+CartPoles at a time. This compares the ways TorchRL offers, each built by the
+recipe's own ``make_env`` (observation filter, episode returns, reward scale,
+observation statistics) and completed by the collector with the policy's
+``InitTracker`` and LSTM primer, stepped by a 64-unit LSTM policy in a
+:class:`~torchrl.collectors.Collector`, as in the recipe:
 
-- ``SerialEnv`` of 8 ``GymEnv`` (one process);
-- ``ParallelEnv`` of 8 ``GymEnv`` (one worker process per env);
-- ``GymEnv("CartPole-v1", num_envs=8)``: gymnasium's own vector env.
+- ``vector``: gymnasium's ``SyncVectorEnv`` through
+  :class:`~torchrl.envs.GymWrapper` (auto-reset off; the recipe's default);
+- ``serial``: :class:`~torchrl.envs.SerialEnv` of :class:`~torchrl.envs.GymEnv`;
+- ``parallel``: :class:`~torchrl.envs.ParallelEnv` of
+  :class:`~torchrl.envs.GymEnv` (one worker process per env);
+- ``async``: ``GymEnv("CartPole-v1", num_envs=16)``, which TorchRL builds on
+  gymnasium's ``AsyncVectorEnv`` (one process per env).
 
 Prints the median frames per second of each over ``--repeat`` collections and
-the ratio to ``SerialEnv``.
+the ratio to ``serial``.
 """
 from __future__ import annotations
 
@@ -23,27 +28,26 @@ import argparse
 import statistics
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
 
 from torchrl.collectors import Collector
-from torchrl.envs import GymEnv, ParallelEnv, RewardSum, SerialEnv, TransformedEnv
+from torchrl.envs import GymEnv, RewardSum, TransformedEnv
 from torchrl.modules import LSTMModule, OneHotCategorical, ProbabilisticActor
 
 sys.path.insert(
     0, str(Path(__file__).resolve().parent.parent / "examples" / "recurrent")
 )
-from recurrent_ppo import _make_one_env  # noqa: E402
+import recurrent_ppo  # noqa: E402
 
-KEEP = (0, 2)
+KINDS = ("vector", "serial", "parallel", "async")
 
 
-def _policy() -> ProbabilisticActor:
+def _policy(obs_dim: int) -> ProbabilisticActor:
     lstm = LSTMModule(
-        input_size=len(KEEP), hidden_size=64, in_key="observation", out_key="embed"
+        input_size=obs_dim, hidden_size=64, in_key="observation", out_key="embed"
     )
     head = TensorDictModule(
         torch.nn.Linear(64, 2), in_keys=["embed"], out_keys=["logits"]
@@ -55,47 +59,33 @@ def _policy() -> ProbabilisticActor:
     )
 
 
-def _vector_env(num_envs: int):
-    from recurrent_ppo import _keep_entries
-    from torchrl.envs import UnaryTransform
-
-    return TransformedEnv(
-        GymEnv("CartPole-v1", num_envs=num_envs),
-        UnaryTransform(
-            in_keys=["observation"],
-            out_keys=["observation"],
-            fn=partial(_keep_entries, index=torch.tensor(KEEP)),
-        ),
-    )
-
-
 def _make(kind: str, num_envs: int):
-    one = partial(_make_one_env, "CartPole-v1", KEEP)
-    if kind == "SerialEnv":
-        base = SerialEnv(num_envs, one)
-    elif kind == "ParallelEnv":
-        base = ParallelEnv(num_envs, one)
-    else:
-        base = _vector_env(num_envs)
-    return TransformedEnv(base, RewardSum())
+    if kind == "async":
+        env = TransformedEnv(
+            GymEnv("CartPole-v1", num_envs=num_envs), recurrent_ppo._keep((0, 2))
+        )
+        env.append_transform(RewardSum())
+        env.set_seed(0)
+        return env
+    args = recurrent_ppo.parse_args(["--batched-env", kind])
+    return recurrent_ppo.make_env(args, num_envs, seed=0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-envs", type=int, default=8, help="envs per batch")
+    parser.add_argument("--num-envs", type=int, default=16, help="envs per batch")
     parser.add_argument(
-        "--frames", type=int, default=8192, help="frames per collection"
+        "--frames", type=int, default=16384, help="frames per collection"
     )
     parser.add_argument("--repeat", type=int, default=3, help="collections per kind")
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = {}
-    for kind in ("SerialEnv", "ParallelEnv", "gymnasium vector env"):
+    for kind in KINDS:
         env = _make(kind, args.num_envs)
-        env.set_seed(0)
         collector = Collector(
             env,
-            _policy(),
+            _policy(env.observation_spec["observation"].shape[-1]),
             frames_per_batch=args.num_envs * 32,
             total_frames=-1,
             auto_register_policy_transforms=True,
@@ -110,14 +100,13 @@ def main() -> None:
             fps.append(frames / (time.perf_counter() - start))
         collector.shutdown()
         results[kind] = statistics.median(fps)
-    base = results["SerialEnv"]
+    base = results["serial"]
     print(
         f"{args.num_envs} CartPoles under a 64-unit LSTM policy, 1 torch thread: "
-        "median frames/s over "
-        f"{args.repeat} collections of {args.frames} frames"
+        f"median frames/s over {args.repeat} collections of {args.frames} frames"
     )
     for kind, value in results.items():
-        print(f"  {kind:<22} {value:8.0f} frames/s  {value / base:5.2f}x SerialEnv")
+        print(f"  {kind:<9} {value:8.0f} frames/s  {value / base:5.2f}x serial")
 
 
 if __name__ == "__main__":
