@@ -70,10 +70,11 @@ def test_short_run_outputs(tmp_path):
     [
         ["--policy", "mlp"],
         ["--rnn", "gru"],
-        ["--obs-keep", "all", "--obs-norm"],
+        ["--obs-keep", "all", "--no-obs-norm", "--batched-env", "serial"],
+        ["--shared-rnn", "--batched-env", "parallel", "--num-envs", "2"],
         ["--env", "Acrobot-v1", "--obs-keep", "0,1,2,3"],
     ],
-    ids=["mlp", "gru", "all-obs-norm", "acrobot"],
+    ids=["mlp", "gru", "all-obs-serial", "shared-parallel", "acrobot"],
 )
 def test_variants_run(tmp_path, flags):
     proc = _run(*SHORT, "--no-progress", "--out", str(tmp_path), *flags)
