@@ -348,8 +348,7 @@ class TestUpstreamDiff:
 def test_real_overlay_upstream_diff_applies_to_pristine(tmp_path: Path):
     """The project's own upstream diff applies to pristine torchrl 0.12.0."""
     real = Fork(REAL_ROOT)
-    target = tmp_path / "pristine"
-    real._unpack_pristine(target)
+    target = real._unpack_pristine(tmp_path)
     diff = real.upstream_diff()
     proc = subprocess.run(
         ["git", "apply", "--check", "-"], cwd=target, input=diff, capture_output=True
