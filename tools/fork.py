@@ -146,7 +146,7 @@ def blobs(tree: Path) -> set[str]:
 
 
 class Fork:
-    """The overlay of the checkout at ``root`` (``build`` defaults to ``root/build``)."""
+    """The overlay of the checkout at ``root``; ``build`` defaults to ``root/build``."""
 
     def __init__(self, root: Path = ROOT, build: Path | None = None):
         self.root = Path(root)
@@ -390,11 +390,13 @@ class Fork:
             edits = self.unexported_edits()
             if edits:
                 problems.append(
-                    f"build/fork has edits that were not exported (run export):{bullets(edits)}"
+                    "build/fork has edits that were not exported (run export):"
+                    + bullets(edits)
                 )
             elif self.fork.is_dir() and blobs(self.fork) != blobs(scratch):
                 problems.append(
-                    "build/fork is older than the overlay (a pull or checkout changed it): run sync"
+                    "build/fork is older than the overlay (a pull or checkout "
+                    "changed it): run sync"
                 )
         return problems
 
@@ -415,36 +417,32 @@ class Fork:
         sources = sorted(p for p in csrc.rglob("*") if p.is_file())
         key = [torch.__version__, sys.version, sysconfig.get_platform(), *EXT_CFLAGS]
         key += [f"{p.relative_to(csrc)}:{sha256_file(p)}" for p in sources]
-        out = (
-            self.cache
-            / "ext"
-            / hashlib.sha256("\n".join(key).encode()).hexdigest()[:16]
-        )
+        key = hashlib.sha256("\n".join(key).encode()).hexdigest()[:16]
+        out, build = self.cache / "ext" / key, self.cache / "ext" / key / "build"
         so = out / f"_torchrl{sysconfig.get_config_var('EXT_SUFFIX')}"
         if so.is_file():
             return so
         # load() runs ninja from PATH, which may lack the venv's bin folder.
-        os.environ[
-            "PATH"
-        ] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+        path = [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+        os.environ["PATH"] = os.pathsep.join(path)
         print(
             f"fork: compiling {PACKAGE}._torchrl for torch {torch.__version__}",
             file=sys.stderr,
         )
-        shutil.rmtree(out / "build", ignore_errors=True)  # and a crashed run's lock
-        (out / "build").mkdir(parents=True)
+        shutil.rmtree(build, ignore_errors=True)  # and a crashed run's lock file
+        build.mkdir(parents=True)
         cpp = [str(p) for p in sources if p.suffix == ".cpp"]
         try:
             load(
                 name="_torchrl",
                 sources=cpp,
                 extra_cflags=EXT_CFLAGS,
-                build_directory=str(out / "build"),
+                build_directory=str(build),
             )
         except (ImportError, OSError, RuntimeError) as err:
             raise ForkError(f"compiling the C++ extension failed:\n{err}") from err
-        shutil.copy(out / "build" / "_torchrl.so", so)
-        shutil.rmtree(out / "build")
+        shutil.copy(build / "_torchrl.so", so)
+        shutil.rmtree(build)
         return so
 
     def wheel(self, dist: Path, editable: bool = False) -> Path:
@@ -467,16 +465,14 @@ class Fork:
                 pth.write_text(f"{self.fork.resolve()}\n")
             else:
                 self.apply_overlay(tree, self.ensure_upstream())
-                for binary in binaries:  # built for upstream's torch
+                for binary in binaries:  # built for upstream's torch: rebuilt
                     binary.unlink()
                     shutil.copy(self.extension(), tree / PACKAGE)
             wheel_tool("pack", tree, "-d", tmp, "--local-version", self.pin["local"])
             if self.has_extension():  # compiled for the running Python: tag it so
                 cp = f"cp{sys.version_info.major}{sys.version_info.minor}"
-                (built,) = Path(tmp).glob("*.whl")
-                wheel_tool(
-                    "tags", "--python-tag", cp, "--abi-tag", cp, "--remove", built
-                )
+                tags = ["--python-tag", cp, "--abi-tag", cp, "--remove"]
+                wheel_tool("tags", *tags, *Path(tmp).glob("*.whl"))
             (built,) = Path(tmp).glob("*.whl")
             out = (self.build / "editable" if editable else dist) / built.name
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -489,14 +485,11 @@ class Fork:
         patches, modules = self.overlay()
         chunks = [normalize_diff(read_patch(path)[1]) for path in patches.values()]
         ours = [
-            f"{top}/{rel}"
-            for top in UPSTREAM_DIRS
-            for rel in tree_files(self.root / top)
+            f"{d}/{rel}" for d in UPSTREAM_DIRS for rel in tree_files(self.root / d)
         ]
         query = "".join(f"{rel}\n" for rel in ours if rel not in FORK_ONLY).encode()
-        proc = run(
-            ["git", "check-ignore", "--stdin"], self.root, check=False, input=query
-        )
+        cmd = ["git", "check-ignore", "--stdin"]
+        proc = run(cmd, self.root, check=False, input=query)
         ignored = {*FORK_ONLY, *proc.stdout.decode().splitlines()}
         for rel in sorted({*modules, *ours} - ignored):
             cmd = [*GIT_DIFF, "--no-index", "--", os.devnull, rel]
@@ -511,21 +504,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fork.py", description=__doc__.split("\n")[0])
     parser.add_argument("--root", type=Path, default=ROOT, help="repository root")
     sub = parser.add_subparsers(dest="command", required=True)
-    sync = sub.add_parser(
-        "sync", help="fetch the pin, lay build/upstream and build/fork"
-    )
+    sync = sub.add_parser("sync", help="lay build/upstream and build/fork")
     sync.add_argument("--force", action="store_true", help="drop un-exported edits")
-    sync.add_argument(
-        "--no-extension", action="store_true", help="skip the C++ extension"
-    )
+    sync.add_argument("--no-extension", action="store_true", help="skip C++ build")
     sub.add_parser("export", help="write the overlay from build/fork")
     sub.add_parser("check", help="verify the overlay and build/fork")
     wheel = sub.add_parser("wheel", help="build the fork's wheel")
     wheel.add_argument("--dist", type=Path, help="output folder (default: dist/)")
     wheel.add_argument("--editable", action="store_true", help="a .pth to build/fork")
-    sub.add_parser(
-        "extension", help="compile the C++ extension (cached), print its path"
-    )
+    sub.add_parser("extension", help="compile the C++ extension, print its path")
     sub.add_parser("upstream-diff", help="print the whole change as one diff")
     args = parser.parse_args(argv)
     fork = Fork(args.root)
