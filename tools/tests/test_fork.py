@@ -231,6 +231,17 @@ class TestCheck:
         repo.export()
         assert repo.check() == []
 
+    def test_edits_committed_in_build_fork_are_still_unexported(self, repo: Fork):
+        self._exported(repo)
+        edit(repo, "torchrl/core.py", "line_7 = 7", "line_7 = 'seven'")
+        dev = ["-c", "user.name=dev", "-c", "user.email=dev@localhost"]
+        subprocess.run(
+            ["git", *dev, "commit", "-qam", "mine"], cwd=repo.fork, check=True
+        )
+        assert "torchrl/core.py" in "\n".join(repo.check())
+        with pytest.raises(ForkError, match="not exported"):
+            repo.sync()
+
     def test_fork_older_than_overlay(self, repo: Fork):
         patch = self._exported(repo)
         # Someone pulls a new version of the patch: build/fork is now stale.
