@@ -120,8 +120,9 @@ def read_patch(path: Path) -> tuple[str, bytes]:
     return data[: match.start()].decode(), data[match.start() :]
 
 
-def field(header: str, name: str) -> str | None:
-    match = re.search(rf"^{name}:[ \t]*(.*)$", header, flags=re.MULTILINE)
+def field(text: str, name: str) -> str | None:
+    """Header field ``name`` of a patch's text (no ``git diff`` line starts so)."""
+    match = re.search(rf"^{name}:[ \t]*(.*)$", text, flags=re.MULTILINE)
     return match.group(1).strip() if match else None
 
 
@@ -143,6 +144,14 @@ def blobs(tree: Path) -> set[str]:
     """The ``overlay`` commit's files and contents (not their modes)."""
     out = git("ls-tree", "-r", "-z", "overlay", cwd=tree).stdout.decode()
     return {entry.split(" ", 2)[2] for entry in out.split("\0") if entry}
+
+
+def changes(tree: Path, since: str) -> dict[str, str]:
+    """Stages all of ``tree``; returns ``{path: A, M or D}`` against ``since``."""
+    git("add", "-A", cwd=tree)
+    cmd = ["diff", "--cached", "--name-status", "--no-renames", "-z", since]
+    out = git(*cmd, cwd=tree).stdout.decode().split("\0")[:-1]
+    return dict(zip(out[1::2], out[0::2]))
 
 
 class Fork:
@@ -228,19 +237,16 @@ class Fork:
         which never fuzzes); all failures are reported together.
         """
         patches, modules = self.overlay()
-        errors, diffs = [], []
+        errors = []
         for target, path in patches.items():
-            shown = path.relative_to(self.root)
-            if not (pristine / target).is_file():
+            shown, base = path.relative_to(self.root), pristine / target
+            if not base.is_file():
                 errors.append(f"{shown}: orphaned: upstream has no {target}")
                 continue
-            try:
-                header, diff = read_patch(path)
-            except ForkError as err:
-                errors.append(str(err))
-                continue
-            want, have = field(header, "Base-SHA256"), sha256_file(pristine / target)
-            proc = git("apply", "--check", "-", cwd=dest, check=False, input=diff)
+            data = path.read_bytes()
+            want, have = field(data.decode(), "Base-SHA256"), sha256_file(base)
+            # git apply skips the header, as it skips the message of a mail.
+            proc = git("apply", "--check", cwd=dest, check=False, input=data)
             if want is None:
                 errors.append(f"{shown}: no Base-SHA256 header line")
             elif want != have:
@@ -252,7 +258,6 @@ class Fork:
             elif proc.returncode != 0:
                 why = proc.stderr.decode(errors="replace").strip()
                 errors.append(f"{shown}: does not apply to pristine {target}:\n  {why}")
-            diffs.append(diff)
         for target, path in modules.items():
             if (pristine / target).exists():
                 errors.append(
@@ -261,8 +266,8 @@ class Fork:
                 )
         if errors:
             raise ForkError(f"{len(errors)} overlay problem(s):\n" + "\n".join(errors))
-        for diff in diffs:
-            git("apply", "-", cwd=dest, input=diff)
+        for path in patches.values():
+            git("apply", cwd=dest, input=path.read_bytes())
         for target, path in modules.items():
             (dest / target).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest / target)
@@ -286,10 +291,7 @@ class Fork:
             return []
         if git("tag", "-l", "overlay", cwd=self.fork).stdout.strip() != b"overlay":
             return ["(no record of the last sync or export: export, or sync --force)"]
-        cmd = ["diff", "--name-only", "--no-renames", "-z", "overlay"]
-        changed = git(*cmd, cwd=self.fork).stdout
-        new = git("ls-files", "-oz", "--exclude-standard", cwd=self.fork).stdout
-        return sorted(set((changed + new).decode().split("\0")) - {""})
+        return sorted(changes(self.fork, "overlay"))
 
     def sync(self, force: bool = False, extension: bool = True) -> None:
         """Fetches the pin, unpacks upstream and materializes ``build/fork``."""
@@ -308,17 +310,14 @@ class Fork:
 
     def _wanted_overlay(self, tree: Path) -> dict[str, bytes]:
         """What the overlay must hold so that it reproduces ``tree``."""
-        git("add", "-A", cwd=tree)
-        cmd = ["diff", "--cached", "--name-status", "--no-renames", "-z", "upstream"]
-        status = git(*cmd, cwd=tree).stdout.decode().split("\0")[:-1]
-        changes = dict(zip(status[1::2], status[0::2]))
-        removed = [rel for rel, kind in changes.items() if kind == "D"]
+        changed = changes(tree, "upstream")
+        removed = [rel for rel, kind in changed.items() if kind == "D"]
         if removed:
             raise ForkError(
                 f"deleting upstream files is not supported; restore:{bullets(removed)}"
             )
         wanted = {}
-        for rel, kind in changes.items():
+        for rel, kind in changed.items():
             ours = rel[len(PACKAGE) + 1 :]
             if kind == "A":
                 wanted[ours] = (tree / rel).read_bytes()
@@ -370,16 +369,9 @@ class Fork:
     def check(self) -> list[str]:
         """Returns every problem found; an empty list means all is well."""
         problems = []
-        for path in self.overlay()[0].values():
-            try:
-                description = field(read_patch(path)[0], "Description")
-            except ForkError as err:
-                problems.append(str(err))
-                continue
-            if description in (None, "", PLACEHOLDER):
-                problems.append(
-                    f"{path.relative_to(self.root)}: write a Description: line"
-                )
+        for target, path in self.overlay()[0].items():
+            if field(path.read_text(), "Description") in (None, "", PLACEHOLDER):
+                problems.append(f"{target}{PATCH_SUFFIX}: write a Description: line")
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 scratch = self.materialize(Path(tmp) / "fork")
