@@ -37,7 +37,7 @@ setup(
     description="TorchRL with first-class sequence RL (torchrl-seqrl fork)",
     license="MIT",
     python_requires=">=3.10",
-    install_requires=FORK.pins["torchrl"]["requires"],
+    install_requires=FORK.pin["requires"],
     packages=[],
     py_modules=[],
     cmdclass={"bdist_wheel": ForkWheel},

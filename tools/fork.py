@@ -37,18 +37,18 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "torchrl"
 PATCH_SUFFIX = ".patch"
 PLACEHOLDER = "(say what this file gains)"
+BASE_LINE = re.compile(r"^Base-SHA256:.*$", flags=re.M)
 HEADER = (  # of a new patch; export keeps the header of an existing one
     f"Description: {PLACEHOLDER}\n"
     " Why, in a few lines: the user-visible problem it solves.\n"
-    "Origin: vendor\nForwarded: no\nBase-SHA256: \n\n"
+    "Origin: vendor\nForwarded: no\n\n"
 )
 # Files that never belong to the overlay: caches and compiled artifacts.
 IGNORED = ("__pycache__", "*.py[co]", "*.so", ".pytest_cache", ".hypothesis")
 NO_BINARIES = shutil.ignore_patterns("*.so", ".pristine-sha256")
 # Pinned git: the same edits always export to the same bytes.
-GIT_DIFF = ["diff", "-U3", "--no-renames", "--no-color", "--no-ext-diff"]
-GIT_DIFF += ["--no-textconv", "--src-prefix=a/", "--dst-prefix=b/"]
-GIT_DIFF += ["--diff-algorithm=myers"]
+GIT_DIFF = "diff -U3 --no-renames --no-color --no-ext-diff --no-textconv".split()
+GIT_DIFF += "--src-prefix=a/ --dst-prefix=b/ --diff-algorithm=myers".split()
 GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
 for _who in ("AUTHOR", "COMMITTER"):
     GIT_ENV[f"GIT_{_who}_NAME"] = "upstream"
@@ -63,11 +63,6 @@ FORK_ONLY = ("docs/source/conf.py", "docs/source/index.rst", "test/test_fork_ci.
 # Wheel entries dated 1980-01-01, the earliest a zip holds: reproducible bytes.
 WHEEL_ENV = {"SOURCE_DATE_EPOCH": "315532800"}
 CACHE_ENV = "TORCHRL_SEQRL_CACHE"
-PROBLEMS = {  # what check says of an overlay file export would change
-    "stale": "stale: it changes nothing upstream",
-    "missing": "missing from the overlay",
-    "changed": "not in canonical form: run sync, then export",
-}
 EXT_CFLAGS = ["-O3", "-g0"]
 
 
@@ -100,10 +95,9 @@ def run(cmd: list, cwd: Path | None = None, env=None, check: bool = True, **kw):
 
 def git(*args: str, cwd: Path, check: bool = True, input: bytes | None = None):
     # Never let git discover an enclosing repository (such as this project's).
-    ceiling = {"GIT_CEILING_DIRECTORIES": str(Path(cwd).resolve().parent)}
-    return run(
-        ["git", *args], cwd, {**os.environ, **GIT_ENV, **ceiling}, check, input=input
-    )
+    ceiling = str(Path(cwd).resolve().parent)
+    env = {**os.environ, **GIT_ENV, "GIT_CEILING_DIRECTORIES": ceiling}
+    return run(["git", *args], cwd, env, check, input=input)
 
 
 def wheel_tool(*args) -> None:
@@ -155,16 +149,11 @@ def changes(tree: Path, since: str) -> dict[str, str]:
 
 
 class Fork:
-    """The overlay of the checkout at ``root``; ``build`` defaults to ``root/build``."""
+    """The overlay of the checkout at ``root``, built under ``root/build``."""
 
-    def __init__(self, root: Path = ROOT, build: Path | None = None):
-        self.root = Path(root)
-        self.build = Path(build) if build is not None else self.root / "build"
-        pins_file = self.root / "UPSTREAM.toml"
-        if not pins_file.is_file():
-            raise ForkError(f"{pins_file} is missing: it pins the upstream release")
-        self.pins = tomllib.loads(pins_file.read_text())
-        self.pin = self.pins["torchrl"]
+    def __init__(self, root: Path = ROOT):
+        self.root, self.build = Path(root), Path(root) / "build"
+        self.pin = tomllib.loads((self.root / "UPSTREAM.toml").read_text())["torchrl"]
         self.version = f"{self.pin['version']}+{self.pin['local']}"
         # Downloads and compiled extensions; shareable between clones.
         self.cache = Path(os.environ.get(CACHE_ENV, self.build / "cache"))
@@ -178,15 +167,11 @@ class Fork:
         if not path.is_file():
             # The pinned file whatever the running Python: the Python sources
             # are the same, and the C++ extension is compiled for this Python.
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest"]
-            cmd += [
-                self.cache,
-                "--only-binary=:all:",
-                f"torchrl=={self.pin['version']}",
-            ]
+            cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:"]
+            cmd += ["--no-deps", "-d", self.cache, f"torchrl=={self.pin['version']}"]
             for tag in parse_wheel_filename(path.name)[3]:
                 cmd += ["--platform", tag.platform]
-                if tag.interpreter.startswith("cp"):
+                if tag.interpreter.startswith("cp"):  # pip reads "py3" as Python 3.0
                     cmd += ["--implementation", "cp", "--abi", tag.abi]
                     cmd += ["--python-version", tag.interpreter[2:]]
             proc = run(cmd, check=False, text=True)
@@ -230,13 +215,13 @@ class Fork:
         stamp.write_text(self.pin["sha256"] + "\n")
         return self.upstream
 
-    def apply_overlay(self, dest: Path, pristine: Path) -> None:
+    def apply_overlay(self, dest: Path) -> None:
         """Applies every patch and copies every new module into ``dest``.
 
         Each patch is checked first (base hash, then ``git apply --check``,
         which never fuzzes); all failures are reported together.
         """
-        patches, modules = self.overlay()
+        pristine, (patches, modules) = self.ensure_upstream(), self.overlay()
         errors = []
         for target, path in patches.items():
             shown, base = path.relative_to(self.root), pristine / target
@@ -281,7 +266,7 @@ class Fork:
         (dest / ".gitignore").write_text("\n".join((*IGNORED, ".gitignore\n")))
         git("init", "-q", cwd=dest)
         commit(dest, "upstream")
-        self.apply_overlay(dest, pristine)
+        self.apply_overlay(dest)
         commit(dest, "overlay")
         return dest
 
@@ -301,9 +286,9 @@ class Fork:
                 "build/fork has edits that were not exported; sync would lose them:"
                 f"{bullets(edits)}\nRun export first, or sync --force to drop them."
             )
-        self.pristine_wheel()
+        self.pristine_wheel()  # verified even when build/upstream is up to date
         self.materialize(self.fork)
-        if extension and self.has_extension():
+        if extension and (self.upstream / PACKAGE / "csrc").is_dir():
             so = self.extension()
             for tree in (self.upstream, self.fork):
                 shutil.copy(so, tree / PACKAGE)
@@ -324,24 +309,24 @@ class Fork:
                 continue
             old = self.overlay_dir / (ours + PATCH_SUFFIX)
             header = read_patch(old)[0] if old.is_file() else HEADER
-            if field(header, "Base-SHA256") is None:
-                header = header.rstrip("\n") + "\nBase-SHA256: \n\n"
             base = f"Base-SHA256: {sha256_file(self.upstream / rel)}"
-            header = re.sub(r"^Base-SHA256:.*$", base, header, count=1, flags=re.M)
+            header, found = BASE_LINE.subn(base, header, count=1)
+            if not found:
+                header = header.rstrip("\n") + f"\n{base}\n\n"
             diff = git(*GIT_DIFF, "upstream", "--", rel, cwd=tree).stdout
             wanted[ours + PATCH_SUFFIX] = header.encode() + normalize_diff(diff)
         return wanted
 
-    def _compare(self, wanted: dict[str, bytes]) -> dict[str, tuple[str, bytes]]:
-        """How the overlay differs from ``wanted``: ``{path: (kind, data)}``."""
+    def _compare(self, wanted: dict[str, bytes]) -> dict[str, str]:
+        """The overlay files that differ from ``wanted``, each with what is wrong."""
         present, out = tree_files(self.overlay_dir), {}
         for rel in sorted(present.keys() | wanted.keys()):
             if rel not in wanted:
-                out[rel] = "stale", b""
+                out[rel] = "stale: it changes nothing upstream"
             elif rel not in present:
-                out[rel] = "missing", wanted[rel]
+                out[rel] = "missing from the overlay"
             elif present[rel].read_bytes() != wanted[rel]:
-                out[rel] = "changed", wanted[rel]
+                out[rel] = "not in canonical form: run sync, then export"
         return out
 
     def export(self) -> list[str]:
@@ -350,16 +335,16 @@ class Fork:
             raise ForkError("build/fork does not exist: run sync first")
         self.ensure_upstream()
         changed = []
-        for rel, (kind, data) in self._compare(self._wanted_overlay(self.fork)).items():
+        wanted = self._wanted_overlay(self.fork)
+        for rel in self._compare(wanted):
             path = self.overlay_dir / rel
-            if kind == "stale":
+            if rel not in wanted:
                 path.unlink()
+                changed.append(f"removed {PACKAGE}/{rel}")
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data)
-            changed.append(
-                f"{'removed' if kind == 'stale' else 'wrote'} {PACKAGE}/{rel}"
-            )
+                path.write_bytes(wanted[rel])
+                changed.append(f"wrote {PACKAGE}/{rel}")
         for dirpath, _, _ in sorted(os.walk(self.overlay_dir), reverse=True):
             if dirpath != str(self.overlay_dir) and not os.listdir(dirpath):
                 os.rmdir(dirpath)
@@ -377,8 +362,8 @@ class Fork:
                 scratch = self.materialize(Path(tmp) / "fork")
             except ForkError as err:
                 return problems + [str(err)]
-            for rel, (kind, _) in self._compare(self._wanted_overlay(scratch)).items():
-                problems.append(f"{PACKAGE}/{rel}: {PROBLEMS[kind]}")
+            for rel, wrong in self._compare(self._wanted_overlay(scratch)).items():
+                problems.append(f"{PACKAGE}/{rel}: {wrong}")
             edits = self.unexported_edits()
             if edits:
                 problems.append(
@@ -391,10 +376,6 @@ class Fork:
                     "changed it): run sync"
                 )
         return problems
-
-    def has_extension(self) -> bool:
-        """Whether the pinned wheel ships the C++ extension's sources."""
-        return (self.ensure_upstream() / PACKAGE / "csrc").is_dir()
 
     def extension(self) -> Path:
         """Compiles ``torchrl._torchrl`` against the installed torch, cached.
@@ -417,20 +398,12 @@ class Fork:
         # load() runs ninja from PATH, which may lack the venv's bin folder.
         path = [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
         os.environ["PATH"] = os.pathsep.join(path)
-        print(
-            f"fork: compiling {PACKAGE}._torchrl for torch {torch.__version__}",
-            file=sys.stderr,
-        )
+        print("fork: compiling _torchrl for torch", torch.__version__, file=sys.stderr)
         shutil.rmtree(build, ignore_errors=True)  # and a crashed run's lock file
         build.mkdir(parents=True)
         cpp = [str(p) for p in sources if p.suffix == ".cpp"]
         try:
-            load(
-                name="_torchrl",
-                sources=cpp,
-                extra_cflags=EXT_CFLAGS,
-                build_directory=str(build),
-            )
+            load("_torchrl", cpp, extra_cflags=EXT_CFLAGS, build_directory=str(build))
         except (ImportError, OSError, RuntimeError) as err:
             raise ForkError(f"compiling the C++ extension failed:\n{err}") from err
         shutil.copy(build / "_torchrl.so", so)
@@ -445,7 +418,6 @@ class Fork:
         ``<upstream>+seqrl``. With ``editable=True`` it holds only the metadata
         and a ``.pth`` file that puts ``build/fork`` on ``sys.path``.
         """
-        dist.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             tree = self._unpack_pristine(Path(tmp))
             binaries = sorted((tree / PACKAGE).glob("_torchrl*.so"))
@@ -456,32 +428,28 @@ class Fork:
                 pth = tree / f"__editable__.{PACKAGE}-{self.version}.pth"
                 pth.write_text(f"{self.fork.resolve()}\n")
             else:
-                self.apply_overlay(tree, self.ensure_upstream())
+                self.apply_overlay(tree)
                 for binary in binaries:  # built for upstream's torch: rebuilt
                     binary.unlink()
                     shutil.copy(self.extension(), tree / PACKAGE)
             wheel_tool("pack", tree, "-d", tmp, "--local-version", self.pin["local"])
-            if self.has_extension():  # compiled for the running Python: tag it so
+            if binaries:  # the extension is compiled for the running Python: tag so
                 cp = f"cp{sys.version_info.major}{sys.version_info.minor}"
                 tags = ["--python-tag", cp, "--abi-tag", cp, "--remove"]
                 wheel_tool("tags", *tags, *Path(tmp).glob("*.whl"))
             (built,) = Path(tmp).glob("*.whl")
             out = (self.build / "editable" if editable else dist) / built.name
             out.parent.mkdir(parents=True, exist_ok=True)
-            if not out.is_file() or out.read_bytes() != built.read_bytes():
-                shutil.copyfile(built, out)
+            shutil.copyfile(built, out)
         return out
 
     def upstream_diff(self) -> bytes:
         """The whole change as one diff a maintainer can ``git apply``."""
         patches, modules = self.overlay()
         chunks = [normalize_diff(read_patch(path)[1]) for path in patches.values()]
-        ours = [
-            f"{d}/{rel}" for d in UPSTREAM_DIRS for rel in tree_files(self.root / d)
-        ]
-        query = "".join(f"{rel}\n" for rel in ours if rel not in FORK_ONLY).encode()
-        cmd = ["git", "check-ignore", "--stdin"]
-        proc = run(cmd, self.root, check=False, input=query)
+        ours = [f"{d}/{r}" for d in UPSTREAM_DIRS for r in tree_files(self.root / d)]
+        query = "\n".join(ours).encode()
+        proc = git("check-ignore", "--stdin", cwd=self.root, check=False, input=query)
         ignored = {*FORK_ONLY, *proc.stdout.decode().splitlines()}
         for rel in sorted({*modules, *ours} - ignored):
             cmd = [*GIT_DIFF, "--no-index", "--", os.devnull, rel]
