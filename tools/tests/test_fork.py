@@ -266,6 +266,18 @@ class TestCheck:
         assert "torchrl/gone.py.patch: orphaned" in problems
         assert "torchrl/sub/util.py: upstream has this file" in problems
 
+    def test_file_that_is_not_a_patch_is_reported(self, repo: Fork):
+        self._exported(repo)
+        util = repo.root / "torchrl/sub/util.py.patch"
+        util.write_text(util.read_text().split("diff --git")[0])
+        problems = "\n".join(repo.check())
+        assert "torchrl/sub/util.py.patch: does not apply" in problems
+        assert "torchrl/core.py.patch" not in problems
+        with pytest.raises(ForkError, match="not a patch"):
+            repo.export()
+        with pytest.raises(ForkError, match="util.py.patch: does not apply"):
+            repo.sync(force=True)
+
     def test_placeholder_description_is_refused(self, repo: Fork):
         edit(repo, "torchrl/core.py", "return 42", "return 43")
         repo.export()
