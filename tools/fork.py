@@ -424,7 +424,9 @@ class Fork:
             if editable:
                 if not self.fork.is_dir():
                     raise ForkError("build/fork does not exist: run sync first")
-                shutil.rmtree(tree / PACKAGE)
+                for entry in tree.iterdir():  # only the metadata stays, and a .pth
+                    if entry.suffix != ".dist-info":
+                        (shutil.rmtree if entry.is_dir() else Path.unlink)(entry)
                 pth = tree / f"__editable__.{PACKAGE}-{self.version}.pth"
                 pth.write_text(f"{self.fork.resolve()}\n")
             else:

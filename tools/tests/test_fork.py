@@ -29,6 +29,7 @@ UPSTREAM_FILES = {
     "torchrl/sub/__init__.py": "",
     "torchrl/sub/util.py": "def double(x):\n    return 2 * x\n",
     "torchrl/no_newline.py": "x = 1",
+    "benchmarks/bench_upstream.py": "",  # upstream's wheel ships more than torchrl
 }
 WHEEL_NAME = "torchrl-0.12.0-py3-none-any.whl"
 
@@ -331,6 +332,15 @@ class TestWheel:
         out = repo.wheel(tmp_path / "dist")
         with zipfile.ZipFile(out) as zf:
             assert "return 42" in zf.read("torchrl/core.py").decode()
+
+    def test_editable_wheel_is_metadata_and_a_pth(self, repo: Fork, tmp_path: Path):
+        out = repo.wheel(tmp_path / "dist", editable=True)
+        assert out.parent == repo.build / "editable"
+        pth = "__editable__.torchrl-0.12.0+seqrl.pth"
+        with zipfile.ZipFile(out) as zf:
+            tops = {name.split("/")[0] for name in zf.namelist()}
+            assert tops == {pth, "torchrl-0.12.0+seqrl.dist-info"}
+            assert zf.read(pth).decode() == f"{repo.fork.resolve()}\n"
 
 
 class TestUpstreamDiff:
