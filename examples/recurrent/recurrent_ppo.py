@@ -659,6 +659,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 next_eval += args.eval_every
     finally:
         collector.shutdown()
+        eval_env.close()  # ParallelEnv workers would keep the process alive
         if bar is not None:
             bar.close()
     wall = time.monotonic() - start
