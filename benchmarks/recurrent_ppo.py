@@ -132,36 +132,20 @@ def _run(side: str, args: argparse.Namespace, seed: int) -> dict:
     """One training run in a subprocess: wall time around it, and its curve."""
     env = dict(os.environ, RL_WARNINGS="0", OMP_NUM_THREADS=str(args.threads))
     with tempfile.TemporaryDirectory() as out:
+        common = [
+            "--seed",
+            str(seed),
+            "--frames",
+            str(args.frames),
+            "--threads",
+            str(args.threads),
+            "--eval-every",
+            str(args.eval_every),
+        ]
         if side == "fork":
-            cmd = [
-                sys.executable,
-                str(RECIPE),
-                "--seed",
-                str(seed),
-                "--frames",
-                str(args.frames),
-                "--threads",
-                str(args.threads),
-                "--eval-every",
-                str(args.eval_every),
-                "--no-progress",
-                "--out",
-                out,
-            ]
+            cmd = [sys.executable, str(RECIPE), *common, "--no-progress", "--out", out]
         else:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--worker",
-                "--seed",
-                str(seed),
-                "--frames",
-                str(args.frames),
-                "--threads",
-                str(args.threads),
-                "--eval-every",
-                str(args.eval_every),
-            ]
+            cmd = [sys.executable, __file__, "--worker", *common]
         start = time.monotonic()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         wall = time.monotonic() - start

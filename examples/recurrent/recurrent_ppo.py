@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import csv
 import time
+from collections import deque
 from functools import partial
 from pathlib import Path
 
@@ -102,7 +103,9 @@ def _unit_float(name: str, value: str, *, low_open: bool = False) -> float:
     try:
         number = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{name} takes a number, got {value!r}")
+        raise argparse.ArgumentTypeError(
+            f"{name} takes a number, got {value!r}"
+        ) from None
     if not (0.0 < number <= 1.0 if low_open else 0.0 <= number <= 1.0):
         interval = "(0, 1]" if low_open else "[0, 1]"
         raise argparse.ArgumentTypeError(f"{name} must be in {interval}, got {number}")
@@ -589,7 +592,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
 
     rows: list[dict[str, float]] = []
-    recent: list[float] = []
+    recent: deque[float] = deque(maxlen=20)  # the last training episodes
     frames = 0
     seen = "all" if args.obs_keep is None else ",".join(map(str, args.obs_keep))
     title = (
@@ -628,7 +631,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 _vecnorm(env).freeze()
             done = batch["next", "done"]
             recent.extend(batch["next", "episode_reward"][done].tolist())
-            recent = recent[-20:]
 
             with torch.no_grad(), set_recurrent_mode(True):
                 advantage(batch)
