@@ -15,7 +15,9 @@ Modes (``--sides``):
   errors there is retried once, serially, on the fork (a test that passes alone
   failed under load: it is counted as passed and listed as flaky); what still
   fails is run on pristine, in one call. A test that fails on the fork and not
-  on pristine is a *fork-only failure*.
+  on pristine is a *fork-only failure*, once it has passed on pristine in
+  ``--confirm`` more serial runs (a test that fails in one of them fails
+  intermittently on both sides and is counted as failing on both).
 - ``both``: pristine runs every target as well, and the full comparison is
   reported.
 
@@ -273,6 +275,7 @@ class Runner:
         for stale in self.out.glob("[0-9][0-9]-*"):
             stale.unlink()
         self.timings: list[tuple[str, str, Result]] = []
+        self.intermittent: list[str] = []
         known = Known(Path(args.known) if args.known else None)
         wall = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="upstream-tests-") as tmp:
@@ -314,6 +317,24 @@ class Runner:
                 for n in suspect:
                     if p_retry.outcomes.get(n) == "passed":
                         pristine_res.outcomes[n] = "passed"
+            # A test that fails on the fork and passed on pristine once may be
+            # one that fails intermittently on both sides (timing under load): it
+            # is run on pristine ``--confirm`` more times, and one failure there
+            # makes it a failure of both sides.
+            candidates = [
+                n for n in fork_fail if pristine_res.outcomes.get(n) == "passed"
+            ]
+            for k in range(args.confirm):
+                if not candidates:
+                    break
+                again = self.rerun(
+                    "pristine", pristine, candidates, 0, f"confirm-{k + 1}"
+                )
+                for n in candidates:
+                    if again.outcomes.get(n) in FAILING:
+                        pristine_res.outcomes[n] = again.outcomes[n]
+                        self.intermittent.append(n)
+                candidates = [n for n in candidates if n not in self.intermittent]
         wall = time.monotonic() - wall
         return self.report(fork_res, pristine_res, flaky, known, broken, wall)
 
@@ -356,6 +377,13 @@ class Runner:
                 f"\nflaky on the fork (failed under load, passed alone): {len(flaky)}"
             )
             for n in flaky:
+                print(f"  {n}")
+        if self.intermittent:
+            print(
+                "\nfailing on pristine too in a confirmation run (intermittent "
+                f"there): {len(self.intermittent)}"
+            )
+            for n in self.intermittent:
                 print(f"  {n}")
         print(
             f"\nknown failures on pristine too ({args.known}): {len(both) - len(unexplained)}"
@@ -411,6 +439,7 @@ class Runner:
             "fork_messages": {n: fork_res.messages.get(n, "") for n in fork_fail},
             "fork_only": fork_only,
             "flaky": flaky,
+            "intermittent_on_pristine": self.intermittent,
             "unexplained": unexplained,
             "timings": [[s, t, r.seconds, r.cpu_seconds] for s, t, r in self.timings],
         }
@@ -469,6 +498,12 @@ def main(argv: list[str] | None = None) -> int:
         "--known", default=str(ROOT / ".ci" / "upstream-pristine-failures.txt")
     )
     parser.add_argument("--targets", nargs="+", default=list(TARGETS))
+    parser.add_argument(
+        "--confirm",
+        type=int,
+        default=2,
+        help="serial pristine reruns of a test that fails on the fork only",
+    )
     parser.add_argument("-n", "--workers", type=int, default=2)
     parser.add_argument(
         "--timeout", type=int, default=300, help="seconds per test; 0: no limit"

@@ -231,6 +231,17 @@ class TestUpstreamTests:
             f"        open({str(flag)!r}, 'w').close()\n"
             "        raise AssertionError('fails under load')\n"
         )
+        # Fails on the fork; on pristine it passes the first time only, the
+        # way a timing-dependent test passes there once in a while.
+        ran = tmp_path / "intermittent-ran-on-pristine"
+        (suite / "test" / "test_intermittent.py").write_text(
+            "import os\nimport torchrl\n\n"
+            "def test_intermittent():\n"
+            "    assert torchrl.VALUE == 1\n"
+            f"    if os.path.exists({str(ran)!r}):\n"
+            "        raise AssertionError('fails under load on pristine too')\n"
+            f"    open({str(ran)!r}, 'w').close()\n"
+        )
         (suite / "test" / "test_broken_on_fork.py").write_text(
             "import torchrl\nassert torchrl.VALUE == 1\n\ndef test_a():\n    pass\n"
         )
@@ -281,6 +292,8 @@ class TestUpstreamTests:
         ):
             assert f"\n  {nodeid}  [" in fork_only, out
         assert "test_both" not in fork_only and "test_flaky" not in fork_only
+        assert "test_intermittent" not in fork_only
+        assert "(intermittent there): 1\n  test/test_intermittent.py::" in out, out
         assert "1 x test/test_fake.py::test_both_k*  -- changed upstream" in out
         unexplained = out.split("not in")[1].split("\n\n")[0]
         assert "test/test_fake.py::test_both_unknown  -- AssertionError" in unexplained
