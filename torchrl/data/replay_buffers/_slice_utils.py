@@ -33,6 +33,8 @@ EPISODE_KEY = "episode"
 IS_INIT_KEY = "is_init"
 #: Key of the padding mask produced with ``pad_output=True``.
 MASK_KEY = ("collector", "mask")
+#: Key marking the burn-in rows of a sample drawn with ``burn_in > 0``.
+BURN_IN_KEY = ("collector", "burn_in")
 
 
 class TrajectoryKeyFutureWarning(FutureWarning):
@@ -63,6 +65,17 @@ def check_nested_key(name: str, value: Any) -> NestedKey:
         f"{name} must be a non-empty string or a non-empty tuple of non-empty "
         f"strings (a nested key such as ('agents', 'is_init')), got {value!r}."
     )
+
+
+def check_burn_in(value: Any) -> int:
+    """Returns ``value`` if it is a valid ``burn_in`` (a non-negative int), else raises a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            "burn_in must be a non-negative int (the number of steps that precede "
+            f"each slice to warm up a recurrent state), got {value!r}. Pass e.g. "
+            "burn_in=8, or burn_in=0 for no burn-in."
+        )
+    return value
 
 
 def _first_item(storage) -> Any:
@@ -226,6 +239,8 @@ def finish_slices(
     info: dict | None = None,
     init_key: NestedKey = IS_INIT_KEY,
     mask_key: NestedKey = MASK_KEY,
+    burn_in: torch.Tensor | None = None,
+    burn_in_key: NestedKey = BURN_IN_KEY,
 ) -> tuple[tuple[torch.Tensor, ...], dict]:
     """Turns the concatenated slice indices into the sampler's ``(index, info)``.
 
@@ -252,6 +267,11 @@ def finish_slices(
             storage and set at every slice start. Defaults to ``"is_init"``.
         mask_key (NestedKey, optional): where the padding mask is written.
             Defaults to ``("collector", "mask")``.
+        burn_in (torch.Tensor, optional): the number of burn-in rows that
+            start each slice. If given, ``burn_in_key`` marks them and the
+            ``mask_key`` entry is ``False`` there (and on padded rows).
+        burn_in_key (NestedKey, optional): where the burn-in marker is
+            written. Defaults to ``("collector", "burn_in")``.
 
     Returns:
         the index as a tuple of long tensors, and the info dict.
@@ -291,10 +311,16 @@ def finish_slices(
         is_init[starts] = True
         info[init_key] = is_init
 
+    if burn_in is not None:
+        burn_in = burn_in.to(device=device, dtype=torch.long).reshape(-1)
     if pad_to is not None:
         num_slices = lengths.shape[0]
         offsets = torch.arange(pad_to, device=device).expand(num_slices, pad_to)
         mask = offsets < lengths.unsqueeze(-1)
+        if burn_in is not None:
+            burn = offsets < burn_in.unsqueeze(-1)
+            info[burn_in_key] = burn.reshape(-1)
+            mask = mask & ~burn
         if bool(mask.all()):
             gather = None
         else:
@@ -308,6 +334,14 @@ def finish_slices(
                 if isinstance(val, torch.Tensor) and val.shape[:1] == (num_rows,):
                     info[key] = val[gather]
         info[mask_key] = mask.reshape(-1)
+    elif burn_in is not None:
+        # offset of each row in its slice
+        offsets = torch.arange(num_rows, device=device) - torch.repeat_interleave(
+            starts, lengths
+        )
+        burn = offsets < torch.repeat_interleave(burn_in, lengths)
+        info[burn_in_key] = burn
+        info[mask_key] = ~burn
     return index_tuple, info
 
 
@@ -317,9 +351,10 @@ def marker_keys(
     truncated_key: NestedKey | None,
     init_key: NestedKey,
     mask_key: NestedKey,
+    burn_in_key: NestedKey = BURN_IN_KEY,
 ) -> list[NestedKey]:
     """The entries of ``info`` that :func:`finish_slices` wrote as per-row markers."""
-    keys = [init_key, mask_key]
+    keys = [init_key, mask_key, burn_in_key]
     if truncated_key is not None:
         keys += [
             truncated_key,
@@ -352,6 +387,42 @@ def drop_repeated_rows(index: Any, priority: Any) -> tuple[Any, Any]:
         return index, priority
     keep = ~repeated
     return index[keep], priority_t.reshape(num_rows)[keep.to(priority_t.device)]
+
+
+def drop_burn_in_rows(
+    index: Any, priority: Any, last: tuple[torch.Tensor, torch.Tensor] | None
+) -> tuple[Any, Any]:
+    """Drops the burn-in rows of the last sample from a priority update.
+
+    ``last`` is the ``(index, burn-in marker)`` of the sampler's last sample,
+    the index as an ``[N, ndim]`` tensor. An update whose index is that
+    sample's index (as a tensor or as a tuple of per-dimension tensors) loses
+    its burn-in rows; anything else is returned unchanged.
+    """
+    if last is None:
+        return index, priority
+    last_index, burn = last
+    if isinstance(index, (tuple, list)):
+        if not all(isinstance(idx, torch.Tensor) for idx in index):
+            return index, priority
+        flat = torch.stack([idx.reshape(-1) for idx in index], -1)
+    elif isinstance(index, torch.Tensor):
+        flat = index.unsqueeze(-1) if index.ndim == 1 else index
+    else:
+        return index, priority
+    if flat.shape != last_index.shape or not torch.equal(
+        flat.to(last_index.device), last_index
+    ):
+        return index, priority
+    priority_t = torch.as_tensor(priority)
+    if priority_t.numel() != burn.numel():
+        return index, priority
+    keep = ~burn
+    if isinstance(index, (tuple, list)):
+        index = type(index)(idx.reshape(-1)[keep.to(idx.device)] for idx in index)
+    else:
+        index = index[keep.to(index.device)]
+    return index, priority_t.reshape(-1)[keep.to(priority_t.device)]
 
 
 def unshare_lazy_stack(data: Any) -> Any:
