@@ -35,6 +35,8 @@ from tensordict import TensorDictBase
 from torch import nn, Tensor
 from torch.nn.utils.rnn import PackedSequence
 
+from torchrl.data.replay_buffers._slice_utils import BURN_IN_KEY
+
 
 class _SliceSplit:
     """The slices of a ``[B, T]`` recurrent-mode batch, computed once from ``is_init``.
@@ -187,27 +189,173 @@ def _recurrent_forward(
             f"{type(module).__name__} got an empty batch of size {tuple(batch_shape)} "
             "in recurrent mode: pass at least one step."
         )
-    split = _SliceSplit(tensordict.get("is_init").reshape(numel // steps, steps))
-
-    if states[0] is None:
-        hx = None
-    else:
-        hx = tuple(
-            split.gather_starts(state.reshape(numel, *state.shape[-2:]))
-            for state in states
-        )
-        if num_states == 1:
-            hx = hx[0]
+    is_init = tensordict.get("is_init").reshape(numel // steps, steps)
     value = value.reshape(numel, value.shape[-1])
+    if states[0] is not None:
+        states = [state.reshape(numel, *state.shape[-2:]) for state in states]
+    burn_in = tensordict.get(BURN_IN_KEY, None)
+    if burn_in is not None and burn_in.any():
+        output, final = _burn_in_run(rnn, value, is_init, states, burn_in)
+    else:
+        output, final = _run(rnn, value, is_init, states)
+    tensordict.set(module.out_keys[0], output.reshape(*batch_shape, -1))
+    for key, state in zip(module.out_keys[1:], final):
+        tensordict.set(key, state.reshape(*batch_shape, *state.shape[1:]))
+    return tensordict
+
+
+def _run(
+    rnn: nn.Module,
+    value: Tensor,
+    is_init: Tensor,
+    states: list[Tensor | None],
+    hx: tuple[Tensor, ...] | None = None,
+) -> tuple[Tensor, list[Tensor]]:
+    """Runs ``rnn`` over the slices of ``[N, F]`` steps that ``is_init`` (``[B, T]``) delimits.
+
+    Each slice starts from the ``[N, num_layers, H]`` states stored at its
+    first step, or from ``hx`` (``[num_layers, S, H]`` each) if given.
+
+    Returns:
+        the ``[N, H]`` output and the final states (``[N, num_layers, H]`` each,
+        written at the last step of the slices).
+    """
+    split = _SliceSplit(is_init)
+    if hx is None and states[0] is not None:
+        hx = tuple(split.gather_starts(state) for state in states)
+    if hx is not None and len(hx) == 1:
+        hx = hx[0]
     if not split.dense and _prefer_packed(rnn, value):
         rnn_input = split.pack(value)
     else:
         rnn_input = split.pad(value)
     output, final = rnn(rnn_input, hx)
-    if num_states == 1:
+    if not isinstance(final, tuple):
         final = (final,)
-    tensordict.set(module.out_keys[0], split.unpad(output).reshape(*batch_shape, -1))
-    for key, state in zip(module.out_keys[1:], final):
-        state = split.scatter_final(state)
-        tensordict.set(key, state.reshape(*batch_shape, *state.shape[1:]))
-    return tensordict
+    return split.unpad(output), [split.scatter_final(state) for state in final]
+
+
+def _dense_burn_in_run(
+    rnn: nn.Module,
+    value: Tensor,
+    split: _SliceSplit,
+    states: list[Tensor | None],
+    num_burn: int,
+) -> tuple[Tensor, list[Tensor]]:
+    """:func:`_burn_in_run` for ``[S, L]`` slices that all start with ``num_burn`` burn-in rows."""
+    steps = value.unflatten(0, (split.num_slices, split.max_len))
+    hx = None
+    if states[0] is not None:
+        hx = tuple(split.gather_starts(state) for state in states)
+        hx = hx[0] if len(hx) == 1 else hx
+    with torch.no_grad():
+        warm_out, hx = rnn(steps[:, :num_burn], hx)
+    output, final = rnn(steps[:, num_burn:], hx)
+    if not isinstance(final, tuple):
+        final = (final,)
+    output = torch.cat([warm_out, output], 1).flatten(0, 1)
+    return output, [split.scatter_final(state) for state in final]
+
+
+def _burn_in_run(
+    rnn: nn.Module,
+    value: Tensor,
+    is_init: Tensor,
+    states: list[Tensor | None],
+    burn_in: Tensor,
+) -> tuple[Tensor, list[Tensor]]:
+    """:func:`_run` when ``burn_in`` (``[N]``) marks a burn-in prefix of some slices.
+
+    The burn-in rows of each slice run without gradient from the state stored
+    at the slice start; the other rows run from the final (detached) state of
+    the burn-in prefix, or from the stored state when the slice has none. It
+    gives the result of running each prefix under :func:`torch.no_grad` and
+    feeding its final state as the initial state of the rest of the slice.
+    """
+    numel = value.shape[0]
+    device = value.device
+    burn_in = burn_in.reshape(numel).to(device=device, dtype=torch.bool)
+    start = is_init.to(torch.bool, copy=True)
+    start[:, 0] = True
+    start = start.reshape(numel).to(device)
+    after_burn_in = torch.zeros_like(burn_in)
+    after_burn_in[1:] = burn_in[:-1] & ~start[1:]
+    if (burn_in & ~start & ~after_burn_in).any():
+        raise ValueError(
+            f"The burn-in rows ({BURN_IN_KEY!r}) must be the first rows of their "
+            "slice: a slice starts at every 'is_init' and its burn-in rows run "
+            "without gradient to warm up the state of the rows after them. Pass "
+            "the sample of a slice sampler with burn_in=k as it is, or drop "
+            f"{BURN_IN_KEY!r}."
+        )
+    split = _SliceSplit(is_init)
+    if split.dense:
+        # equal-length slices with equal burn-in: views, as the bare RNN takes them
+        burn_2d = burn_in.view(split.num_slices, split.max_len)
+        num_burn = int(burn_2d[0].sum())
+        if bool((burn_2d == burn_2d[0]).all()) and num_burn < split.max_len:
+            return _dense_burn_in_run(rnn, value, split, states, num_burn)
+    train_start = ~burn_in & (start | after_burn_in)
+    burn_rows = burn_in.nonzero().squeeze(-1)
+    train_rows = (~burn_in).nonzero().squeeze(-1)
+    # the burn-in prefixes, as slices of their own
+    prefix_start = start[burn_rows]
+    prefix_id = prefix_start.long().cumsum(0) - 1
+    lengths = torch.bincount(prefix_id)
+    begin = burn_rows[prefix_start]
+    output = value.new_empty(numel, rnn.hidden_size)
+    with torch.no_grad():
+        prefix_final = None
+        for length in lengths.unique().tolist():
+            which = (lengths == length).nonzero().squeeze(-1)
+            rows = begin[which].unsqueeze(-1) + torch.arange(length, device=device)
+            hx = None
+            if states[0] is not None:
+                hx = tuple(
+                    state[begin[which]].transpose(0, 1).contiguous() for state in states
+                )
+                hx = hx[0] if len(hx) == 1 else hx
+            out, final = rnn(value[rows], hx)
+            final = final if isinstance(final, tuple) else (final,)
+            output[rows.reshape(-1)] = out.reshape(-1, out.shape[-1])
+            if prefix_final is None:
+                prefix_final = [
+                    f.new_empty(f.shape[0], lengths.numel(), *f.shape[2:])
+                    for f in final
+                ]
+            for dest, f in zip(prefix_final, final):
+                dest[:, which] = f
+    # the training part: each slice from its burn-in's final state, if any
+    train_starts = train_start[train_rows]
+    first = train_rows[train_starts]
+    hx = None
+    if states[0] is not None:
+        hx = [state[first].transpose(0, 1) for state in states]
+    warmed = after_burn_in[first]
+    if warmed.any():
+        # the prefix that ends right before each warmed-up slice
+        prefix_of_row = torch.full((numel,), -1, dtype=torch.long, device=device)
+        prefix_of_row[burn_rows] = prefix_id
+        which = prefix_of_row[first[warmed] - 1]
+        if hx is None:
+            hx = [
+                f.new_zeros(f.shape[0], first.numel(), *f.shape[2:])
+                for f in prefix_final
+            ]
+        hx = [h.clone() for h in hx]
+        for h, f in zip(hx, prefix_final):
+            h[:, warmed] = f[:, which]
+    hx = None if hx is None else tuple(h.contiguous() for h in hx)
+    train_out, train_final = _run(
+        rnn,
+        value[train_rows],
+        train_starts.unsqueeze(0),
+        [None],
+        hx=hx,
+    )
+    output = output.index_copy(0, train_rows, train_out)
+    final = [
+        f.new_zeros(numel, *f.shape[1:]).index_copy_(0, train_rows, f)
+        for f in train_final
+    ]
+    return output, final
