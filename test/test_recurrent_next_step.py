@@ -36,6 +36,7 @@ from torchrl.objectives.value import GAE, TD0Estimator, TD1Estimator, TDLambdaEs
 
 GAMMA = 0.9
 MASK = ("collector", "mask")
+BURN_IN = ("collector", "burn_in")
 SLICE_LEN = 8
 
 
@@ -72,9 +73,11 @@ def collected(request):
     return request.param, *_collect(request.param)
 
 
-def _sample(data, sampler_cls, pad, **kwargs):
+def _sample(data, sampler_cls, pad, burn_in=0, **kwargs):
     if pad:
         kwargs.update(strict_length=False, pad_output=True)
+    if burn_in:
+        kwargs["burn_in"] = burn_in
     rb = TensorDictReplayBuffer(
         storage=LazyTensorStorage(data.shape[0]),
         sampler=sampler_cls(slice_len=SLICE_LEN, **kwargs),
@@ -104,11 +107,14 @@ def _per_slice(module, sample, key):
     """``key`` at the current and the next steps, every slice run on its own.
 
     A padded slice runs its real rows only (followed by the next step of the
-    last real one); its padded rows repeat the last real row's outputs.
+    last real one); its padded rows repeat the last real row's outputs. The
+    burn-in rows of a slice run first, like its other rows (there is no
+    gradient here).
     """
     current, following = [], []
     in_keys = [k for k in module.in_keys if k in sample.keys(True, True)]
     mask = sample.get(MASK, torch.ones(sample.shape, dtype=torch.bool))
+    mask = mask | sample.get(BURN_IN, torch.zeros_like(mask))
     with torch.no_grad(), set_recurrent_mode(True):
         for start, stop in _slices(sample):
             rows = sample[start:stop][mask[start:stop]]
@@ -131,10 +137,11 @@ SAMPLERS = [SliceSampler, SliceSamplerWithoutReplacement]
 
 @pytest.mark.parametrize("sampler_cls", SAMPLERS)
 @pytest.mark.parametrize("pad", [False, True], ids=["ragged", "padded"])
+@pytest.mark.parametrize("burn_in", [0, 4], ids=["no-burn-in", "burn-in"])
 class TestEstimatorNextStep:
-    def test_td0_value_estimate(self, collected, sampler_cls, pad):
+    def test_td0_value_estimate(self, collected, sampler_cls, pad, burn_in):
         _, rnn, data = collected
-        sample = _sample(data, sampler_cls, pad)
+        sample = _sample(data, sampler_cls, pad, burn_in)
         value_net = _value_net(rnn)
         _, next_ref = _per_slice(value_net, sample, "state_value")
         estimator = TD0Estimator(gamma=GAMMA, value_network=value_net)
@@ -155,11 +162,18 @@ class TestEstimatorNextStep:
         "truncated_key", [("next", "truncated"), None], ids=["truncated", "no-trunc"]
     )
     def test_forward_values(
-        self, collected, sampler_cls, pad, estimator_cls, shifted, truncated_key
+        self,
+        collected,
+        sampler_cls,
+        pad,
+        burn_in,
+        estimator_cls,
+        shifted,
+        truncated_key,
     ):
         """Values at the current and next steps, also without slice-end markers."""
         _, rnn, data = collected
-        sample = _sample(data, sampler_cls, pad, truncated_key=truncated_key)
+        sample = _sample(data, sampler_cls, pad, burn_in, truncated_key=truncated_key)
         value_net = _value_net(rnn)
         current_ref, next_ref = _per_slice(value_net, sample, "state_value")
         kwargs = {"lmbda": 0.9} if estimator_cls in (TDLambdaEstimator, GAE) else {}
@@ -183,14 +197,16 @@ def _qvalue_net(rnn):
 @pytest.mark.parametrize("sampler_cls", SAMPLERS)
 @pytest.mark.parametrize("pad", [False, True], ids=["ragged", "padded"])
 @pytest.mark.parametrize("double_dqn", [False, True])
-def test_dqn_td_error(collected, sampler_cls, pad, double_dqn):
+@pytest.mark.parametrize("burn_in", [0, 4], ids=["no-burn-in", "burn-in"])
+def test_dqn_td_error(collected, sampler_cls, pad, double_dqn, burn_in):
     """The DQN target bootstraps every slice from its stored state.
 
     The online pass over the current steps runs first and writes its final
-    recurrent states under ``"next"``: the target must not read them.
+    recurrent states under ``"next"``: the target must not read them. With
+    burn-in, both passes warm up each slice on its burn-in rows.
     """
     _, rnn, data = collected
-    sample = _sample(data, sampler_cls, pad)
+    sample = _sample(data, sampler_cls, pad, burn_in)
     qnet = _qvalue_net(rnn)
     loss = DQNLoss(
         qnet, action_space="one-hot", delay_value=True, double_dqn=double_dqn

@@ -13,7 +13,7 @@ padded ones. The helpers below make a loss honour it:
 * :func:`_fill_padded` replaces the content of every padded row by a copy of
   the closest preceding real row, so that nothing computed on a padded row can
   overflow, produce ``NaN`` or back-propagate a non-finite gradient, whatever
-  the padded rows hold;
+  the padded rows hold (burn-in rows, also masked out, are real steps and kept);
 * :func:`_masked_reduce` and :func:`_masked_mean` reduce over the real rows
   only;
 * :func:`_masked_estimate` wraps the value estimators' ``forward`` and
@@ -31,6 +31,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
 
+from torchrl.data.replay_buffers._slice_utils import BURN_IN_KEY
 from torchrl.objectives.utils import _reduce
 
 #: The key where losses and value estimators look for the padding mask by
@@ -108,6 +109,20 @@ def _active_mask(
     return mask
 
 
+def _content_rows(tensordict: TensorDictBase, mask: torch.Tensor) -> torch.Tensor:
+    """The rows of a masked batch that hold real steps: not padding.
+
+    These are the rows of the mask and the burn-in rows of a slice sampler with
+    ``burn_in > 0`` (marked in ``("collector", "burn_in")``): masked out of the
+    loss, burn-in rows are real steps that recurrent modules run to warm up
+    their state, so their content is kept and no trace is cut at them.
+    """
+    burn_in = tensordict.get(BURN_IN_KEY, None)
+    if burn_in is None:
+        return mask
+    return mask | burn_in.reshape(mask.shape).to(mask.device)
+
+
 def _fill_padded(
     tensordict: TensorDictBase, mask: torch.Tensor | None, key: NestedKey = None
 ) -> tuple[TensorDictBase, torch.Tensor | None]:
@@ -141,7 +156,10 @@ def _fill_padded(
     mask = _active_mask(mask, key)
     if mask is None:
         return tensordict, None
-    flat = mask.reshape(-1)
+    flat = _content_rows(tensordict, mask).reshape(-1)
+    if bool(flat.all()):
+        # burn-in rows only: nothing to fill
+        return tensordict.copy(), mask
     arange = torch.arange(flat.numel(), device=flat.device)
     src = torch.where(flat, arange, -1).cummax(0).values
     first = flat.to(torch.uint8).argmax()
@@ -154,6 +172,8 @@ def _fill_padded(
     if key is not None:
         # the copied rows carried their own (True) mask entry: restore the entry
         filled.set(key, tensordict.get(key))
+    if tensordict.get(BURN_IN_KEY, None) is not None:
+        filled.set(BURN_IN_KEY, tensordict.get(BURN_IN_KEY))
     return filled, mask
 
 
@@ -349,7 +369,9 @@ def _masked_estimate(fun):
             return fun(self, tensordict, *args, **kwargs)
         work, mask = _fill_padded(tensordict, mask, key)
         time_dim = self._get_time_dim(kwargs.get("time_dim"), work)
-        _cut_at_padding(work, mask, ("next", self.tensor_keys.done), time_dim)
+        real = _content_rows(work, mask)
+        if not bool(real.all()):
+            _cut_at_padding(work, real, ("next", self.tensor_keys.done), time_dim)
         before = {
             k: (v, getattr(v, "_version", None)) for k, v in work.items(True, True)
         }

@@ -32,7 +32,9 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
+from torchrl.data.replay_buffers._slice_utils import BURN_IN_KEY, MASK_KEY
 from torchrl.modules.tensordict_module.rnn import GRUModule, LSTMModule
+from torchrl.objectives._mask import _content_rows
 
 _INIT_KEY = "is_init"
 # Entries of "next" that end a sequence in the layout (as in the single-call
@@ -57,11 +59,15 @@ def _shifted_input(
 
     A sequence ends at the last step of every row of ``data`` (time is its last
     batch dimension), before every ``"is_init"`` and at every ``("next", "done")``
-    or ``("next", "truncated")``. The first step of every row is marked as a
+    or ``("next", "truncated")``, and before the padding of a
+    ``("collector", "mask")``. The first step of every row is marked as a
     sequence start (``"is_init"`` is ``True`` there): a row of a collected
     ``[envs, time]`` batch that continues an episode starts from its stored
     recurrent state, not from the end of the row before it. The inserted rows
     are marked as continuing their sequence (``"is_init"`` is ``False`` there).
+    The burn-in marker of a slice sampler with ``burn_in > 0`` is kept, so the
+    burn-in rows that start a slice warm up its state without gradient in this
+    pass as in the current-step one (the inserted rows are not burn-in rows).
 
     Returns:
         the interleaved (flat) input and the positions of the rows of
@@ -70,7 +76,11 @@ def _shifted_input(
     """
     flat = data.reshape(-1)
     n = flat.shape[0]
-    root = flat.select(*in_keys, strict=False)
+    # the burn-in marker of a slice sampler: the next-step pass burns in too
+    keys = list(in_keys)
+    if flat.get(BURN_IN_KEY, None) is not None:
+        keys.append(BURN_IN_KEY)
+    root = flat.select(*keys, strict=False)
     next_td = flat.get("next")
     end = torch.zeros(data.shape, dtype=torch.bool, device=data.device)
     end[..., -1] = True
@@ -87,18 +97,22 @@ def _shifted_input(
         value = next_td.get(key, None)
         if value is not None:
             end |= value.reshape(n, -1).any(-1)
+    mask = flat.get(MASK_KEY, None)
+    if mask is not None:
+        # a real step followed by padding ends its sequence, with or without
+        # a slice-end marker
+        real = _content_rows(flat, mask.reshape(n))
+        end[:-1] |= real[:-1] & ~real[1:]
     # the next step of every sequence's last row, with the root's keys
     last_next = next_td[end]
-    inserted = TensorDict(
-        {
-            key: last_next.get(key)
+    inserted = TensorDict(batch_size=last_next.batch_size, device=root.device)
+    for key, value in root.items(True, True):
+        inserted.set(
+            key,
+            last_next.get(key)
             if key in last_next.keys(True, True)
-            else torch.zeros_like(value[end])
-            for key, value in root.items(True, True)
-        },
-        batch_size=last_next.batch_size,
-        device=root.device,
-    )
+            else torch.zeros_like(value[end]),
+        )
     if is_init is not None:
         inserted.set(_INIT_KEY, torch.zeros_like(is_init[end]))
     shift = end.cumsum(0) - end.long()
