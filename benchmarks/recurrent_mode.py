@@ -19,6 +19,12 @@ weighs on both alike. ``fwd+bwd`` times the forward pass and the backward pass
 of the sum of the outputs, ``no-grad`` the forward pass under
 :func:`torch.no_grad`.
 
+The burn-in rows (``lstm/gru burn-in 8 + 32``: 256 slices of 8 burn-in and
+32 training steps, marked in ``("collector", "burn_in")`` as a
+:class:`~torchrl.data.SliceSampler` with ``burn_in=8`` marks them) are
+compared with the bare RNN doing the same work: the 8-step prefix under
+:func:`torch.no_grad`, then the 32 training steps from its final state.
+
 Each mode is measured in ``--rounds`` independent rounds (fresh data and
 modules, default 3) and the median ratio is printed: a single round on a busy
 2-core machine now and then reads 15% high.
@@ -37,6 +43,7 @@ import _harness
 NUM_SLICES = 256
 MAX_LEN = 32
 MIN_LEN = 8
+BURN_IN = 8
 INPUT_SIZE = 64
 HIDDEN_SIZE = 128
 
@@ -146,6 +153,74 @@ def _case(kind: str, variable: bool, repeat: int) -> dict:
     }
 
 
+def _burn_in_case(kind: str, repeat: int) -> dict:
+    """256 slices of ``BURN_IN`` burn-in steps and ``MAX_LEN`` training steps.
+
+    The module runs the flat sample with ``("collector", "burn_in")`` marking
+    the burn-in rows; the bare RNN runs the ``[B, BURN_IN]`` prefix under
+    :func:`torch.no_grad` and the ``[B, MAX_LEN]`` rest from its final state.
+    ``fwd+bwd`` back-propagates the sum of the training rows' outputs.
+    """
+    import torch
+    from tensordict import TensorDict
+    from torchrl.modules import GRUModule, LSTMModule, set_recurrent_mode
+
+    length = BURN_IN + MAX_LEN
+    numel = NUM_SLICES * length
+    offset = torch.arange(numel) % length
+    torch.manual_seed(0)
+    state_keys = ["h", "c"] if kind == "lstm" else ["h"]
+    cls = LSTMModule if kind == "lstm" else GRUModule
+    module = cls(
+        INPUT_SIZE,
+        HIDDEN_SIZE,
+        in_keys=["obs", *state_keys],
+        out_keys=["out", *[("next", key) for key in state_keys]],
+    )
+    rnn = module.lstm if kind == "lstm" else module.gru
+    burn_in = offset < BURN_IN
+    sample = TensorDict(
+        {
+            "obs": torch.randn(numel, INPUT_SIZE),
+            "is_init": (offset == 0).unsqueeze(-1),
+            ("collector", "burn_in"): burn_in,
+            **{key: torch.randn(numel, 1, HIDDEN_SIZE) for key in state_keys},
+        },
+        [numel],
+    )
+    train = ~burn_in
+    dense = sample["obs"].view(NUM_SLICES, length, INPUT_SIZE)
+    prefix, rest = dense[:, :BURN_IN], dense[:, BURN_IN:]
+    starts = torch.arange(0, numel, length)
+    hx = tuple(sample[key][starts].transpose(0, 1).contiguous() for key in state_keys)
+    hx = hx if kind == "lstm" else hx[0]
+
+    def bare(backward: bool):
+        with torch.no_grad():
+            _, warm = rnn(prefix, hx)
+        out = rnn(rest, warm)[0]
+        if backward:
+            out.sum().backward()
+
+    def module_run(backward: bool):
+        with set_recurrent_mode(True):
+            out = module(sample.copy())["out"]
+        if backward:
+            out[train].sum().backward()
+
+    def no_grad(fn):
+        def wrapped():
+            with torch.no_grad():
+                fn(False)
+
+        return wrapped
+
+    return {
+        "fwd+bwd": _alternate(lambda: module_run(True), lambda: bare(True), repeat),
+        "no-grad": _alternate(no_grad(module_run), no_grad(bare), repeat),
+    }
+
+
 def measure(args: argparse.Namespace) -> dict:
     import torch
 
@@ -158,6 +233,10 @@ def measure(args: argparse.Namespace) -> dict:
             results[name] = {
                 col: statistics.median(r[col] for r in rounds) for col in rounds[0]
             }
+        rounds = [_burn_in_case(kind, args.repeat) for _ in range(args.rounds)]
+        results[f"{kind} burn-in {BURN_IN} + {MAX_LEN}"] = {
+            col: statistics.median(r[col] for r in rounds) for col in rounds[0]
+        }
     return results
 
 
