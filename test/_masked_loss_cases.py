@@ -103,6 +103,73 @@ def _qvalue():
     return ValueOperator(Q(), in_keys=["observation", "action"])
 
 
+#: losses whose batches hold one-hot actions over ``N_DISCRETE`` actions
+DISCRETE = ("dqn", "dist_dqn", "discrete_sac", "discrete_cql", "discrete_iql")
+ATOMS = 5
+#: losses that take one-dimensional batches only (no ``[B, T]`` layout)
+FLAT_ONLY = ("dist_dqn",)
+
+
+def _categorical_actor():
+    from torchrl.data import OneHot
+    from torchrl.modules import OneHotCategorical, ProbabilisticActor
+
+    return ProbabilisticActor(
+        TensorDictModule(
+            _mlp(OBS, N_DISCRETE), in_keys=["observation"], out_keys=["logits"]
+        ),
+        in_keys=["logits"],
+        spec=OneHot(N_DISCRETE),
+        distribution_class=OneHotCategorical,
+    )
+
+
+def _make_discrete_loss(name, **kwargs):
+    from torchrl import objectives
+    from torchrl.data import OneHot
+    from torchrl.modules import DistributionalQValueActor, QValueActor
+
+    if name == "dist_dqn":
+        actor = DistributionalQValueActor(
+            nn.Sequential(
+                _mlp(OBS, ATOMS * N_DISCRETE), nn.Unflatten(-1, (ATOMS, N_DISCRETE))
+            ),
+            in_keys=["observation"],
+            spec=OneHot(N_DISCRETE),
+            support=torch.linspace(-2, 2, ATOMS),
+        )
+        return objectives.DistributionalDQNLoss(actor, gamma=0.9, **kwargs)
+    if name == "discrete_sac":
+        qvalue = TensorDictModule(
+            _mlp(OBS, N_DISCRETE), in_keys=["observation"], out_keys=["action_value"]
+        )
+        return objectives.DiscreteSACLoss(
+            _categorical_actor(),
+            qvalue,
+            action_space="one-hot",
+            num_actions=N_DISCRETE,
+            **kwargs,
+        )
+    if name == "discrete_cql":
+        actor = QValueActor(
+            _mlp(OBS, N_DISCRETE), in_keys=["observation"], spec=OneHot(N_DISCRETE)
+        )
+        return objectives.DiscreteCQLLoss(actor, action_space="one-hot", **kwargs)
+    if name == "discrete_iql":
+        qvalue = TensorDictModule(
+            _mlp(OBS, N_DISCRETE),
+            in_keys=["observation"],
+            out_keys=["state_action_value"],
+        )
+        value = TensorDictModule(
+            _mlp(OBS, 1), in_keys=["observation"], out_keys=["state_value"]
+        )
+        return objectives.DiscreteIQLLoss(
+            _categorical_actor(), qvalue, value, action_space="one-hot", **kwargs
+        )
+    raise ValueError(name)
+
+
 def make_loss(name: str, **kwargs):
     """Builds a covered loss with small networks (deterministic given the seed)."""
     from torchrl import objectives
@@ -110,6 +177,8 @@ def make_loss(name: str, **kwargs):
     from torchrl.modules import QValueActor
 
     torch.manual_seed(0)
+    if name in DISCRETE[1:]:
+        return _make_discrete_loss(name, **kwargs)
     if name == "dqn":
         actor = QValueActor(
             _mlp(OBS, N_DISCRETE),
@@ -182,7 +251,7 @@ def make_batch(name: str, n: int, seed: int = 1) -> TensorDict:
         },
         batch_size=[n],
     )
-    if name == "dqn":
+    if name in DISCRETE:
         idx = torch.randint(N_DISCRETE, (n,), generator=g)
         td["action"] = torch.nn.functional.one_hot(idx, N_DISCRETE)
     else:
@@ -259,9 +328,14 @@ def fill_garbage(td, mask, kind, seed=0):
     td = td.clone()
     pad = ~mask
     n_pad = int(pad.sum())
-    for _, value in td.items(True, True):
+    for key, value in td.items(True, True):
         shape = (n_pad,) + value.shape[1:]
-        if value.dtype == torch.bool:
+        if key == "action" and not value.dtype.is_floating_point:
+            # another one-hot action, so that the batch stays valid without
+            # its mask (the controls compute the loss on it)
+            idx = torch.randint(value.shape[-1], shape[:-1], generator=g)
+            new = torch.nn.functional.one_hot(idx, value.shape[-1])
+        elif value.dtype == torch.bool:
             new = torch.randint(2, shape, generator=g).bool()
         elif not value.dtype.is_floating_point:
             new = torch.randint(3, shape, generator=g).to(value.dtype)
@@ -301,6 +375,10 @@ COVERED = [
     "ddpg",
     "iql",
     "cql",
+    "dist_dqn",
+    "discrete_sac",
+    "discrete_cql",
+    "discrete_iql",
 ]
 
 # CQL's cql term draws uniform random actions from the global RNG, row after
@@ -339,7 +417,7 @@ def make_estimator(name: str, masked: bool = False, **kwargs):
 
 # losses that do not read the padding mask: on a padded batch they keep the
 # 0.12.0 results, padded rows included (DiscreteIQLLoss subclasses IQLLoss)
-UNCOVERED = ["td3bc", "crossq", "redq", "discrete_iql"]
+UNCOVERED = ["td3bc", "crossq", "redq"]
 
 
 def make_uncovered_loss(name: str):
