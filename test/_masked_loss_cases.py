@@ -89,13 +89,19 @@ def _value():
     return ValueOperator(_mlp(OBS, 1), in_keys=["observation"])
 
 
-def _qvalue():
+def _qvalue(batch_renorm=False):
     from torchrl.modules import ValueOperator
 
     class Q(nn.Module):
         def __init__(self):
             super().__init__()
-            self.net = _mlp(OBS + ACT, 1)
+            if batch_renorm:
+                # CrossQ's critic: its batch statistics mix the rows
+                from torchrl.modules import BatchRenorm1d
+
+                self.net = nn.Sequential(BatchRenorm1d(OBS + ACT), _mlp(OBS + ACT, 1))
+            else:
+                self.net = _mlp(OBS + ACT, 1)
 
         def forward(self, obs, act):
             return self.net(torch.cat([obs, act], -1))
@@ -106,8 +112,9 @@ def _qvalue():
 #: losses whose batches hold one-hot actions over ``N_DISCRETE`` actions
 DISCRETE = ("dqn", "dist_dqn", "discrete_sac", "discrete_cql", "discrete_iql")
 ATOMS = 5
-#: losses that take one-dimensional batches only (no ``[B, T]`` layout)
-FLAT_ONLY = ("dist_dqn",)
+#: losses that take one-dimensional batches only (no ``[B, T]`` layout):
+#: DistributionalDQNLoss checks it, BatchRenorm1d normalizes dim 1
+FLAT_ONLY = ("dist_dqn", "crossq_bn")
 
 
 def _categorical_actor():
@@ -215,7 +222,19 @@ def make_loss(name: str, **kwargs):
                 actor, q, target_entropy=-float(ACT), num_random=3, **kwargs
             )
         return objectives.IQLLoss(actor, q, _value(), num_qvalue_nets=2, **kwargs)
-    if name in ("td3", "ddpg"):
+    if name in ("redq", "redq_deprecated"):
+        from torchrl.objectives.deprecated import REDQLoss_deprecated
+
+        cls = objectives.REDQLoss if name == "redq" else REDQLoss_deprecated
+        return cls(
+            _gaussian_actor(tanh=True), _qvalue(), target_entropy=-float(ACT), **kwargs
+        )
+    if name in ("crossq", "crossq_bn"):
+        q = _qvalue(batch_renorm=name == "crossq_bn")
+        return objectives.CrossQLoss(
+            _gaussian_actor(tanh=True), q, target_entropy=-float(ACT), **kwargs
+        )
+    if name in ("td3", "ddpg", "td3bc"):
         from torchrl.data import Bounded
         from torchrl.modules import Actor
 
@@ -225,12 +244,11 @@ def make_loss(name: str, **kwargs):
             spec=Bounded(-1, 1, (ACT,)),
         )
         q = _qvalue()
-        if name == "td3":
+        if name in ("td3", "td3bc"):
             # no target-policy noise: it is drawn per row from the global RNG
             kwargs.setdefault("policy_noise", 0.0)
-            return objectives.TD3Loss(
-                actor, q, action_spec=Bounded(-1, 1, (ACT,)), **kwargs
-            )
+            cls = objectives.TD3Loss if name == "td3" else objectives.TD3BCLoss
+            return cls(actor, q, action_spec=Bounded(-1, 1, (ACT,)), **kwargs)
         return objectives.DDPGLoss(actor, q, **kwargs)
     raise ValueError(name)
 
@@ -379,6 +397,11 @@ COVERED = [
     "discrete_sac",
     "discrete_cql",
     "discrete_iql",
+    "td3bc",
+    "crossq",
+    "crossq_bn",
+    "redq",
+    "redq_deprecated",
 ]
 
 # CQL's cql term draws uniform random actions from the global RNG, row after
@@ -417,7 +440,7 @@ def make_estimator(name: str, masked: bool = False, **kwargs):
 
 # losses that do not read the padding mask: on a padded batch they keep the
 # 0.12.0 results, padded rows included (DiscreteIQLLoss subclasses IQLLoss)
-UNCOVERED = ["td3bc", "crossq", "redq"]
+UNCOVERED = []
 
 
 def make_uncovered_loss(name: str):
