@@ -113,8 +113,9 @@ def _qvalue(batch_renorm=False):
 DISCRETE = ("dqn", "dist_dqn", "discrete_sac", "discrete_cql", "discrete_iql")
 ATOMS = 5
 #: losses that take one-dimensional batches only (no ``[B, T]`` layout):
-#: DistributionalDQNLoss checks it, BatchRenorm1d normalizes dim 1
-FLAT_ONLY = ("dist_dqn", "crossq_bn")
+#: DistributionalDQNLoss checks it, BatchRenorm1d normalizes dim 1,
+#: DiffusionBCLoss draws one diffusion step per leading row
+FLAT_ONLY = ("dist_dqn", "crossq_bn", "diffusion_bc")
 
 
 def _categorical_actor():
@@ -177,6 +178,15 @@ def _make_discrete_loss(name, **kwargs):
     raise ValueError(name)
 
 
+class _DiscriminatorNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(_mlp(OBS + ACT, 1), nn.Sigmoid())
+
+    def forward(self, obs, act):
+        return self.net(torch.cat([obs, act], -1))
+
+
 def make_loss(name: str, **kwargs):
     """Builds a covered loss with small networks (deterministic given the seed)."""
     from torchrl import objectives
@@ -222,6 +232,37 @@ def make_loss(name: str, **kwargs):
                 actor, q, target_entropy=-float(ACT), num_random=3, **kwargs
             )
         return objectives.IQLLoss(actor, q, _value(), num_qvalue_nets=2, **kwargs)
+    if name in ("gail", "gail_gp"):
+        discriminator = TensorDictModule(
+            _DiscriminatorNet(),
+            in_keys=["observation", "action"],
+            out_keys=["d_logits"],
+        )
+        return objectives.GAILLoss(
+            discriminator, use_grad_penalty=name == "gail_gp", **kwargs
+        )
+    if name == "diffusion_bc":
+        from torchrl.modules import DiffusionActor
+
+        actor = DiffusionActor(action_dim=ACT, obs_dim=OBS, num_steps=5)
+        return objectives.DiffusionBCLoss(actor, **kwargs)
+    if name == "dt":
+        from torchrl.data import Bounded
+        from torchrl.modules import ProbabilisticActor, TanhDelta
+
+        actor = ProbabilisticActor(
+            TensorDictModule(
+                _mlp(OBS, ACT), in_keys=["observation"], out_keys=["param"]
+            ),
+            in_keys=["param"],
+            distribution_class=TanhDelta,
+            spec=Bounded(-1, 1, (ACT,)),
+        )
+        return objectives.DTLoss(actor, **kwargs)
+    if name == "odt":
+        return objectives.OnlineDTLoss(
+            _gaussian_actor(tanh=True), target_entropy=-float(ACT), **kwargs
+        )
     if name in ("redq", "redq_deprecated"):
         from torchrl.objectives.deprecated import REDQLoss_deprecated
 
@@ -276,6 +317,9 @@ def make_batch(name: str, n: int, seed: int = 1) -> TensorDict:
         td["action"] = torch.rand(n, ACT, generator=g) * 1.8 - 0.9
     if name in ("a2c", "ppo", "clipppo", "klpenppo", "reinforce"):
         td["action_log_prob"] = torch.randn(n, generator=g) - 2.0
+    if name in ("gail", "gail_gp"):
+        td["collector_observation"] = torch.randn(n, OBS, generator=g)
+        td["collector_action"] = torch.rand(n, ACT, generator=g) * 1.8 - 0.9
     if name == "klpenppo":
         td["loc"] = torch.randn(n, ACT, generator=g)
         td["scale"] = torch.rand(n, ACT, generator=g) + 0.5
@@ -402,6 +446,11 @@ COVERED = [
     "crossq_bn",
     "redq",
     "redq_deprecated",
+    "dt",
+    "odt",
+    "gail",
+    "gail_gp",
+    "diffusion_bc",
 ]
 
 # CQL's cql term draws uniform random actions from the global RNG, row after
