@@ -178,6 +178,52 @@ def _make_discrete_loss(name, **kwargs):
     raise ValueError(name)
 
 
+N_AGENTS = 2
+STATE = 4
+#: losses without a ``reduction`` argument (they average)
+MEAN_ONLY = ("qmixer",)
+#: losses that read no mask unless given a key (``set_keys(mask=...)``)
+OPT_IN = ("qmixer",)
+
+
+def _make_qmixer_loss(reduction="mean", read_mask=True, **kwargs):
+    from torchrl import objectives
+    from torchrl.data import OneHot
+    from torchrl.modules import QMixer, QValueModule, SafeSequential
+
+    if reduction != "mean":
+        raise ValueError("QMixerLoss has no reduction argument: it averages")
+    local = SafeSequential(
+        TensorDictModule(
+            _mlp(OBS, N_DISCRETE),
+            in_keys=[("agents", "observation")],
+            out_keys=[("agents", "action_value")],
+        ),
+        QValueModule(
+            action_value_key=("agents", "action_value"),
+            out_keys=[
+                ("agents", "action"),
+                ("agents", "action_value"),
+                ("agents", "chosen_action_value"),
+            ],
+            spec=OneHot(N_DISCRETE),
+            action_space=None,
+        ),
+    )
+    mixer = TensorDictModule(
+        QMixer(
+            state_shape=(STATE,), mixing_embed_dim=8, n_agents=N_AGENTS, device="cpu"
+        ),
+        in_keys=[("agents", "chosen_action_value"), "state"],
+        out_keys=["chosen_action_value"],
+    )
+    loss = objectives.QMixerLoss(local, mixer, action_space="one-hot", **kwargs)
+    if read_mask and hasattr(loss.tensor_keys, "mask"):
+        # the fork's QMixerLoss reads a mask once given its key
+        loss.set_keys(mask=MASK_KEY)
+    return loss
+
+
 class _DiscriminatorNet(nn.Module):
     def __init__(self):
         super().__init__()
@@ -232,6 +278,8 @@ def make_loss(name: str, **kwargs):
                 actor, q, target_entropy=-float(ACT), num_random=3, **kwargs
             )
         return objectives.IQLLoss(actor, q, _value(), num_qvalue_nets=2, **kwargs)
+    if name == "qmixer":
+        return _make_qmixer_loss(**kwargs)
     if name in ("gail", "gail_gp"):
         discriminator = TensorDictModule(
             _DiscriminatorNet(),
@@ -317,6 +365,21 @@ def make_batch(name: str, n: int, seed: int = 1) -> TensorDict:
         td["action"] = torch.rand(n, ACT, generator=g) * 1.8 - 0.9
     if name in ("a2c", "ppo", "clipppo", "klpenppo", "reinforce"):
         td["action_log_prob"] = torch.randn(n, generator=g) - 2.0
+    if name == "qmixer":
+        idx = torch.randint(N_DISCRETE, (n, N_AGENTS), generator=g)
+        td["agents"] = TensorDict(
+            {
+                "observation": torch.randn(n, N_AGENTS, OBS, generator=g),
+                "action": torch.nn.functional.one_hot(idx, N_DISCRETE),
+            },
+            batch_size=[n, N_AGENTS],
+        )
+        td["state"] = torch.randn(n, STATE, generator=g)
+        td["next", "agents"] = TensorDict(
+            {"observation": torch.randn(n, N_AGENTS, OBS, generator=g)},
+            batch_size=[n, N_AGENTS],
+        )
+        td["next", "state"] = torch.randn(n, STATE, generator=g)
     if name in ("gail", "gail_gp"):
         td["collector_observation"] = torch.randn(n, OBS, generator=g)
         td["collector_action"] = torch.rand(n, ACT, generator=g) * 1.8 - 0.9
@@ -392,7 +455,8 @@ def fill_garbage(td, mask, kind, seed=0):
     n_pad = int(pad.sum())
     for key, value in td.items(True, True):
         shape = (n_pad,) + value.shape[1:]
-        if key == "action" and not value.dtype.is_floating_point:
+        leaf = key[-1] if isinstance(key, tuple) else key
+        if leaf == "action" and not value.dtype.is_floating_point:
             # another one-hot action, so that the batch stays valid without
             # its mask (the controls compute the loss on it)
             idx = torch.randint(value.shape[-1], shape[:-1], generator=g)
@@ -451,6 +515,7 @@ COVERED = [
     "gail",
     "gail_gp",
     "diffusion_bc",
+    "qmixer",
 ]
 
 # CQL's cql term draws uniform random actions from the global RNG, row after
@@ -459,6 +524,11 @@ COVERED = [
 LAYOUTS = {"cql": ((7,), 10)}
 # 0.12.0's cql term broadcast every row against every other row (fixed here)
 CHANGED_FROM_UPSTREAM = {"cql": ("loss_cql", "loss_alpha_prime")}
+
+
+def reductions(name):
+    """The reductions loss ``name`` takes."""
+    return ("mean",) if name in MEAN_ONLY else ("mean", "sum", "none")
 
 
 def layout(name):
@@ -570,7 +640,7 @@ def _reference(path):
         torch.manual_seed(2)
         results[("uncovered", name)] = loss_and_grads(loss, uncovered_batch(name))
     for name in COVERED:
-        for reduction in ("mean", "sum", "none"):
+        for reduction in reductions(name):
             loss = make_loss(name, reduction=reduction)
             td = make_batch(name, 10)
             torch.manual_seed(2)
