@@ -536,7 +536,10 @@ def layout(name):
     return LAYOUTS.get(name, ((3, 5, 2), 6))
 
 
-ESTIMATORS = ["TD0Estimator", "TD1Estimator", "TDLambdaEstimator", "GAE"]
+ESTIMATORS = ["TD0Estimator", "TD1Estimator", "TDLambdaEstimator", "GAE", "VTrace"]
+# 0.12.0's V-Trace advantage at a truncation inside the batch bootstrapped
+# from the next trajectory's first step (fixed: from the next observation)
+CHANGED_ESTIMATORS = ("VTrace",)
 
 
 def make_estimator(name: str, masked: bool = False, **kwargs):
@@ -551,6 +554,9 @@ def make_estimator(name: str, masked: bool = False, **kwargs):
     kwargs.setdefault("gamma", 0.9)
     if name in ("TDLambdaEstimator", "GAE"):
         kwargs.setdefault("lmbda", 0.8)
+    if name == "VTrace":
+        # the behaviour policy's log-probabilities are the batch's
+        kwargs.setdefault("actor_network", _gaussian_actor())
     estimator = getattr(value, name)(value_network=_value(), **kwargs)
     if masked:
         estimator.set_keys(mask=MASK_KEY)
@@ -625,14 +631,20 @@ def _reference(path):
         real, padded = slice_batches("ppo", (3, 5, 2), 6)
         out = make_estimator(name)(real)
         results[("estimator", name)] = (
-            {k: out[k].detach() for k in ("advantage", "value_target")},
+            {
+                k: out[k].detach()
+                for k in ("advantage", "value_target", ("next", "done"))
+            },
             [],
         )
         # a stand-alone estimator reads no mask unless it is given a key
         padded = split_trajs_layout(padded, (3, 5, 2))
         out = make_estimator(name)(padded)
         results[("estimator-padded", name)] = (
-            {k: out[k].detach() for k in ("advantage", "value_target")},
+            {
+                k: out[k].detach()
+                for k in ("advantage", "value_target", ("next", "done"))
+            },
             [],
         )
     for name in UNCOVERED:
