@@ -311,10 +311,14 @@ def make_loss(name: str, **kwargs):
         return objectives.OnlineDTLoss(
             _gaussian_actor(tanh=True), target_entropy=-float(ACT), **kwargs
         )
-    if name in ("redq", "redq_deprecated"):
-        from torchrl.objectives.deprecated import REDQLoss_deprecated
+    if name in ("redq", "redq_deprecated", "double_redq_deprecated"):
+        from torchrl.objectives import deprecated
 
-        cls = objectives.REDQLoss if name == "redq" else REDQLoss_deprecated
+        cls = {
+            "redq": objectives.REDQLoss,
+            "redq_deprecated": deprecated.REDQLoss_deprecated,
+            "double_redq_deprecated": deprecated.DoubleREDQLoss_deprecated,
+        }[name]
         return cls(
             _gaussian_actor(tanh=True), _qvalue(), target_entropy=-float(ACT), **kwargs
         )
@@ -516,7 +520,78 @@ COVERED = [
     "gail_gp",
     "diffusion_bc",
     "qmixer",
+    "double_redq_deprecated",
 ]
+
+#: every loss class of ``torchrl.objectives`` and what it does with the mask:
+#: ``("covered", cases)`` and ``("opt-in", cases)`` name the cases of
+#: ``COVERED`` that build it, ``("not covered", reason)`` says why not. The
+#: docs' table lists the same classes with the same status.
+LOSS_STATUS = {
+    "DQNLoss": ("covered", ("dqn",)),
+    "DistributionalDQNLoss": ("covered", ("dist_dqn",)),
+    "A2CLoss": ("covered", ("a2c",)),
+    "PPOLoss": ("covered", ("ppo",)),
+    "ClipPPOLoss": ("covered", ("clipppo",)),
+    "KLPENPPOLoss": ("covered", ("klpenppo",)),
+    "ReinforceLoss": ("covered", ("reinforce",)),
+    "SACLoss": ("covered", ("sac",)),
+    "DiscreteSACLoss": ("covered", ("discrete_sac",)),
+    "TD3Loss": ("covered", ("td3",)),
+    "TD3BCLoss": ("covered", ("td3bc",)),
+    "DDPGLoss": ("covered", ("ddpg",)),
+    "IQLLoss": ("covered", ("iql",)),
+    "DiscreteIQLLoss": ("covered", ("discrete_iql",)),
+    "CQLLoss": ("covered", ("cql",)),
+    "DiscreteCQLLoss": ("covered", ("discrete_cql",)),
+    "CrossQLoss": ("covered", ("crossq", "crossq_bn")),
+    "REDQLoss": ("covered", ("redq",)),
+    "REDQLoss_deprecated": ("covered", ("redq_deprecated",)),
+    "DoubleREDQLoss_deprecated": ("covered", ("double_redq_deprecated",)),
+    "DTLoss": ("covered", ("dt",)),
+    "OnlineDTLoss": ("covered", ("odt",)),
+    "GAILLoss": ("covered", ("gail", "gail_gp")),
+    "DiffusionBCLoss": ("covered", ("diffusion_bc",)),
+    "QMixerLoss": ("opt-in", ("qmixer",)),
+    "DreamerModelLoss": ("not covered", "not done yet"),
+    "DreamerActorLoss": ("not covered", "not done yet"),
+    "DreamerValueLoss": ("not covered", "not done yet"),
+    "ExponentialQuadraticCost": (
+        "not covered",
+        "its input is a predicted state distribution (PILCO), not sampled steps",
+    ),
+    "GRPOLoss": ("not covered", "LLM loss: tokens carry their own masks"),
+    "DAPO": ("not covered", "LLM loss: tokens carry their own masks"),
+    "CISPOLoss": ("not covered", "LLM loss: tokens carry their own masks"),
+    "SFTLoss": ("not covered", "LLM loss: tokens carry their own masks"),
+}
+
+
+def loss_classes():
+    """Every public loss class defined in ``torchrl.objectives`` and its subpackages."""
+    import importlib
+    import pkgutil
+
+    import torchrl.objectives as objectives
+
+    for info in pkgutil.walk_packages(objectives.__path__, "torchrl.objectives."):
+        importlib.import_module(info.name)
+    found, todo = set(), [objectives.LossModule]
+    while todo:
+        for cls in todo.pop().__subclasses__():
+            if cls not in found:
+                found.add(cls)
+                todo.append(cls)
+    return sorted(
+        (
+            cls
+            for cls in found
+            if cls.__module__.startswith("torchrl.objectives.")
+            and not cls.__name__.startswith("_")
+        ),
+        key=lambda cls: cls.__name__,
+    )
+
 
 # CQL's cql term draws uniform random actions from the global RNG, row after
 # row: its padded batches keep the real rows first so that they draw the

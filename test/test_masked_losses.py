@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -22,6 +23,8 @@ from _masked_loss_cases import (
     FLAT_ONLY,
     layout,
     loss_and_grads,
+    loss_classes,
+    LOSS_STATUS,
     make_batch,
     make_loss,
     make_uncovered_loss,
@@ -197,6 +200,64 @@ class TestPaddedEqualsUnpadded:
             name, lengths, max(lengths) + extra, garbage=garbage
         )
         _compare(name, "mean", real, padded)
+
+
+class TestEveryLossHasAStatus:
+    """A loss class cannot be added to ``torchrl.objectives`` without a decision."""
+
+    DOC = ROOT / "docs" / "source" / "reference" / "objectives_mask.rst"
+
+    def _doc_rows(self):
+        text = self.DOC.read_text()
+        table = text[text.index("Status of every loss") :]
+        rows = {}
+        for line in table.splitlines():
+            match = re.match(
+                r"^(?::class:`)?(\w+)`?\s{2,}(covered|opt-in|not covered)\s", line
+            )
+            if match:
+                rows[match.group(1)] = match.group(2)
+        return rows
+
+    def test_every_loss_class_has_a_status(self):
+        names = {cls.__name__ for cls in loss_classes()}
+        assert len(names) >= 30
+        assert names == set(LOSS_STATUS)
+
+    def test_docs_table_lists_every_loss_with_its_status(self):
+        expected = {name: status for name, (status, _) in LOSS_STATUS.items()}
+        assert self._doc_rows() == expected
+
+    @pytest.mark.parametrize(
+        "name",
+        [name for name, (status, _) in LOSS_STATUS.items() if status != "not covered"],
+    )
+    def test_covered_losses_have_cases(self, name):
+        _, cases = LOSS_STATUS[name]
+        for case in cases:
+            assert case in COVERED
+            assert type(make_loss(case)).__name__ == name
+            reads = OPT_IN if LOSS_STATUS[name][0] == "opt-in" else COVERED
+            assert case in reads
+
+    def test_every_case_has_a_status(self):
+        cases = {
+            case
+            for status, cases in LOSS_STATUS.values()
+            if status != "not covered"
+            for case in cases
+        }
+        assert cases == set(COVERED)
+
+    @pytest.mark.parametrize(
+        "name",
+        [name for name, (status, _) in LOSS_STATUS.items() if status == "not covered"],
+    )
+    def test_not_covered_losses_read_no_mask(self, name):
+        cls = next(cls for cls in loss_classes() if cls.__name__ == name)
+        keys = getattr(cls, "default_keys", None)
+        fields = getattr(keys, "__dataclass_fields__", {})
+        assert "mask" not in fields
 
 
 class TestMaskKey:
