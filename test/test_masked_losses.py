@@ -763,3 +763,159 @@ class TestEndToEnd:
         # control: ignoring the mask gives another update
         ignored = _ppo_update(loss_cls, padded.exclude(MASK_KEY), action_spec)
         assert any(not torch.allclose(a, b) for a, b in zip(ignored, expected))
+
+
+def _padded_and_ragged(data, tmp_path, storage="tensor", num_slices=4, batch=120):
+    from torchrl.data import (
+        LazyMemmapStorage,
+        LazyTensorStorage,
+        SliceSampler,
+        TensorDictReplayBuffer,
+    )
+
+    if storage == "tensor":
+        store = LazyTensorStorage(1000)
+    else:
+        store = LazyMemmapStorage(1000, scratch_dir=tmp_path)
+    kwargs = {"num_slices": num_slices, "end_key": ("next", "done")}
+    padded_rb = TensorDictReplayBuffer(
+        storage=store,
+        sampler=SliceSampler(strict_length=False, pad_output=True, **kwargs),
+        batch_size=batch,
+    )
+    padded_rb.extend(data)
+    ragged_rb = TensorDictReplayBuffer(
+        storage=store,
+        sampler=SliceSampler(strict_length=False, **kwargs),
+        batch_size=batch,
+    )
+    torch.manual_seed(5)
+    padded = padded_rb.sample()
+    torch.manual_seed(5)
+    ragged = ragged_rb.sample()
+    mask = padded.get(MASK_KEY)
+    # the sample does hold padded rows, and the ragged one is its real rows
+    assert (~mask).any()
+    assert ragged.shape[0] == int(mask.sum())
+    torch.testing.assert_close(padded["observation"][mask], ragged["observation"])
+    return padded, ragged
+
+
+class _CausalTransformer(torch.nn.Module):
+    """A decision-transformer-style policy: causal self-attention over time.
+
+    Each step's action is predicted from the observations up to that step,
+    with a learned embedding of the step's position in its sequence.
+    """
+
+    def __init__(self, obs_dim, act_dim, context=64, width=16):
+        super().__init__()
+        self.embed = torch.nn.Linear(obs_dim, width)
+        self.position = torch.nn.Embedding(context, width)
+        self.block = torch.nn.TransformerEncoderLayer(
+            width, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True
+        )
+        self.head = torch.nn.Sequential(
+            torch.nn.Linear(width, act_dim), torch.nn.Tanh()
+        )
+
+    def forward(self, observation):
+        steps = observation.shape[-2]
+        x = self.embed(observation) + self.position(torch.arange(steps))
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(steps)
+        return self.head(self.block(x, src_mask=causal, is_causal=True))
+
+
+def _dt_update(batches, steps=3):
+    """DTLoss updates on ``batches``, a list of ``[B, T]`` tensordicts.
+
+    The loss of one update is the mean over every real step of every batch:
+    each batch's ``reduction="none"`` terms (its real steps' only) are
+    concatenated, so a list of single-slice batches (the ragged sample, one
+    sequence per slice) and a single padded batch give the same objective.
+    """
+    from tensordict.nn import TensorDictModule
+    from torchrl.objectives import DTLoss
+
+    torch.manual_seed(1)
+    actor = TensorDictModule(
+        _CausalTransformer(4, 2), in_keys=["observation"], out_keys=["action"]
+    )
+    loss = DTLoss(actor, reduction="none")
+    # plain SGD: Adam would blow up the rounding noise of the attention's
+    # key bias, whose true gradient is zero, into full-size steps
+    optim = torch.optim.SGD(loss.parameters(), lr=0.1)
+    for _ in range(steps):
+        terms = [loss(batch.clone())["loss"].reshape(-1) for batch in batches]
+        total = torch.cat(terms).mean()
+        optim.zero_grad()
+        total.backward()
+        optim.step()
+    return [p.detach().clone() for p in loss.parameters()]
+
+
+def _discrete_sac_update(sample, action_spec, steps=3):
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import OneHotCategorical, ProbabilisticActor
+    from torchrl.objectives import DiscreteSACLoss
+
+    torch.manual_seed(1)
+
+    def mlp(out):
+        return torch.nn.Sequential(
+            torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, out)
+        )
+
+    actor = ProbabilisticActor(
+        TensorDictModule(mlp(2), in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        spec=action_spec,
+    )
+    qvalue = TensorDictModule(
+        mlp(2), in_keys=["observation"], out_keys=["action_value"]
+    )
+    loss = DiscreteSACLoss(actor, qvalue, action_space=action_spec, num_actions=2)
+    optim = torch.optim.Adam(loss.parameters(), lr=1e-2)
+    for _ in range(steps):
+        out = loss(sample.clone())
+        total = out["loss_actor"] + out["loss_qvalue"] + out["loss_alpha"]
+        optim.zero_grad()
+        total.backward()
+        optim.step()
+    return [p.detach().clone() for p in loss.parameters()]
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
+class TestEndToEndOtherFamilies:
+    """Updates on ``pad_output=True`` samples equal the ragged ones."""
+
+    @pytest.mark.parametrize("storage", ["tensor", "memmap"])
+    def test_decision_transformer_update(self, storage, tmp_path, cartpole):
+        data, _ = cartpole
+        data = data.set("action", data["action"].float())
+        padded, ragged = _padded_and_ragged(data, tmp_path, storage)
+        # the layout a sequence model reads: one row per slice, padding last
+        num_slices = 4
+        padded = padded.reshape(num_slices, -1)
+        lengths = padded.get(MASK_KEY).sum(-1).tolist()
+        slices = [
+            piece.unsqueeze(0) for piece in ragged.split(lengths, 0)
+        ]  # each slice alone, [1, length]
+        assert sum(piece.shape[1] for piece in slices) == ragged.shape[0]
+        expected = _dt_update(slices)
+        got = _dt_update([padded])
+        torch.testing.assert_close(got, expected)
+        # control: ignoring the mask gives another update
+        ignored = _dt_update([padded.exclude(MASK_KEY)])
+        assert any(not torch.allclose(a, b) for a, b in zip(ignored, expected))
+
+    @pytest.mark.parametrize("storage", ["tensor", "memmap"])
+    def test_discrete_sac_update(self, storage, tmp_path, cartpole):
+        data, action_spec = cartpole
+        padded, ragged = _padded_and_ragged(data, tmp_path, storage)
+        expected = _discrete_sac_update(ragged, action_spec)
+        got = _discrete_sac_update(padded, action_spec)
+        torch.testing.assert_close(got, expected)
+        ignored = _discrete_sac_update(padded.exclude(MASK_KEY), action_spec)
+        assert any(not torch.allclose(a, b) for a, b in zip(ignored, expected))
