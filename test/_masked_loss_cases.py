@@ -553,9 +553,10 @@ LOSS_STATUS = {
     "GAILLoss": ("covered", ("gail", "gail_gp")),
     "DiffusionBCLoss": ("covered", ("diffusion_bc",)),
     "QMixerLoss": ("opt-in", ("qmixer",)),
-    "DreamerModelLoss": ("not covered", "not done yet"),
-    "DreamerActorLoss": ("not covered", "not done yet"),
-    "DreamerValueLoss": ("not covered", "not done yet"),
+    # [batch, time] world-model sequences: their own cases and tests
+    "DreamerModelLoss": ("covered", "test_masked_dreamer"),
+    "DreamerActorLoss": ("covered", "test_masked_dreamer"),
+    "DreamerValueLoss": ("covered", "test_masked_dreamer"),
     "ExponentialQuadraticCost": (
         "not covered",
         "its input is a predicted state distribution (PILCO), not sampled steps",

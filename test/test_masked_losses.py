@@ -234,6 +234,10 @@ class TestEveryLossHasAStatus:
     )
     def test_covered_losses_have_cases(self, name):
         _, cases = LOSS_STATUS[name]
+        if isinstance(cases, str):
+            # a test module of its own
+            assert (ROOT / "test" / f"{cases}.py").is_file()
+            return
         for case in cases:
             assert case in COVERED
             assert type(make_loss(case)).__name__ == name
@@ -244,7 +248,7 @@ class TestEveryLossHasAStatus:
         cases = {
             case
             for status, cases in LOSS_STATUS.values()
-            if status != "not covered"
+            if status != "not covered" and not isinstance(cases, str)
             for case in cases
         }
         assert cases == set(COVERED)
