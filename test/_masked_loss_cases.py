@@ -280,6 +280,14 @@ def make_loss(name: str, **kwargs):
         return objectives.IQLLoss(actor, q, _value(), num_qvalue_nets=2, **kwargs)
     if name == "qmixer":
         return _make_qmixer_loss(**kwargs)
+    if name == "pilco":
+        g = torch.Generator().manual_seed(3)
+        weights = torch.randn(OBS, OBS, generator=g)
+        return objectives.ExponentialQuadraticCost(
+            target=torch.randn(OBS, generator=g),
+            weights=weights @ weights.T + torch.eye(OBS),
+            **kwargs,
+        )
     if name in ("gail", "gail_gp"):
         discriminator = TensorDictModule(
             _DiscriminatorNet(),
@@ -384,6 +392,16 @@ def make_batch(name: str, n: int, seed: int = 1) -> TensorDict:
             batch_size=[n, N_AGENTS],
         )
         td["next", "state"] = torch.randn(n, STATE, generator=g)
+    if name == "pilco":
+        # a Gaussian belief over the state per row (PILCO's predicted states)
+        factor = torch.randn(n, OBS, OBS, generator=g) * 0.3
+        td["observation"] = TensorDict(
+            {
+                "mean": torch.randn(n, OBS, generator=g),
+                "var": factor @ factor.transpose(-1, -2) + 0.1 * torch.eye(OBS),
+            },
+            batch_size=[n],
+        )
     if name in ("gail", "gail_gp"):
         td["collector_observation"] = torch.randn(n, OBS, generator=g)
         td["collector_action"] = torch.rand(n, ACT, generator=g) * 1.8 - 0.9
@@ -465,6 +483,10 @@ def fill_garbage(td, mask, kind, seed=0):
             # its mask (the controls compute the loss on it)
             idx = torch.randint(value.shape[-1], shape[:-1], generator=g)
             new = torch.nn.functional.one_hot(idx, value.shape[-1])
+        elif leaf == "var":
+            # another covariance, so that the batch stays valid without its mask
+            factor = torch.randn(shape, generator=g) * 10
+            new = factor @ factor.transpose(-1, -2) + torch.eye(shape[-1])
         elif value.dtype == torch.bool:
             new = torch.randint(2, shape, generator=g).bool()
         elif not value.dtype.is_floating_point:
@@ -488,6 +510,9 @@ def loss_and_grads(loss_module, td, reduction_keys=None):
         keys = [k for k in keys if k in reduction_keys]
     total = sum(out[k].sum() for k in keys)
     params = [p for p in loss_module.parameters() if p.requires_grad]
+    if not params:
+        # a cost without parameters (PILCO's): its gradients are the inputs'
+        return {k: out[k].detach() for k in keys}, []
     grads = torch.autograd.grad(total, params, allow_unused=True)
     grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params)]
     return {k: out[k].detach() for k in keys}, grads
@@ -521,12 +546,14 @@ COVERED = [
     "diffusion_bc",
     "qmixer",
     "double_redq_deprecated",
+    "pilco",
 ]
 
 #: every loss class of ``torchrl.objectives`` and what it does with the mask:
 #: ``("covered", cases)`` and ``("opt-in", cases)`` name the cases of
-#: ``COVERED`` that build it, ``("not covered", reason)`` says why not. The
-#: docs' table lists the same classes with the same status.
+#: ``COVERED`` that build it (or the test module of its own), ``("raises",
+#: cls)`` means it raises a ValueError on a padded batch (in ``cls.forward``).
+#: The docs' table lists the same classes with the same status.
 LOSS_STATUS = {
     "DQNLoss": ("covered", ("dqn",)),
     "DistributionalDQNLoss": ("covered", ("dist_dqn",)),
@@ -557,14 +584,12 @@ LOSS_STATUS = {
     "DreamerModelLoss": ("covered", "test_masked_dreamer"),
     "DreamerActorLoss": ("covered", "test_masked_dreamer"),
     "DreamerValueLoss": ("covered", "test_masked_dreamer"),
-    "ExponentialQuadraticCost": (
-        "not covered",
-        "its input is a predicted state distribution (PILCO), not sampled steps",
-    ),
-    "GRPOLoss": ("not covered", "LLM loss: tokens carry their own masks"),
-    "DAPO": ("not covered", "LLM loss: tokens carry their own masks"),
-    "CISPOLoss": ("not covered", "LLM loss: tokens carry their own masks"),
-    "SFTLoss": ("not covered", "LLM loss: tokens carry their own masks"),
+    "ExponentialQuadraticCost": ("covered", ("pilco",)),
+    # LLM losses: rows are whole conversations, tokens carry their own masks
+    "GRPOLoss": ("raises", "GRPOLoss"),
+    "DAPO": ("raises", "GRPOLoss"),
+    "CISPOLoss": ("raises", "GRPOLoss"),
+    "SFTLoss": ("raises", "SFTLoss"),
 }
 
 
@@ -639,68 +664,6 @@ def make_estimator(name: str, masked: bool = False, **kwargs):
     return estimator
 
 
-# losses that do not read the padding mask: on a padded batch they keep the
-# 0.12.0 results, padded rows included (DiscreteIQLLoss subclasses IQLLoss)
-UNCOVERED = []
-
-
-def make_uncovered_loss(name: str):
-    """Builds a loss that does not read the mask (deterministic given the seed)."""
-    from torchrl import objectives
-    from torchrl.data import Bounded, OneHot
-    from torchrl.modules import Actor, OneHotCategorical, ProbabilisticActor
-
-    torch.manual_seed(0)
-    if name == "td3bc":
-        actor = Actor(
-            nn.Sequential(_mlp(OBS, ACT), nn.Tanh()),
-            in_keys=["observation"],
-            spec=Bounded(-1, 1, (ACT,)),
-        )
-        return objectives.TD3BCLoss(
-            actor, _qvalue(), action_spec=Bounded(-1, 1, (ACT,)), policy_noise=0.0
-        )
-    if name == "crossq":
-        return objectives.CrossQLoss(
-            _gaussian_actor(tanh=True), _qvalue(), target_entropy=-float(ACT)
-        )
-    if name == "redq":
-        return objectives.REDQLoss(
-            _gaussian_actor(tanh=True), _qvalue(), target_entropy=-float(ACT)
-        )
-    if name == "discrete_iql":
-        actor = ProbabilisticActor(
-            TensorDictModule(
-                _mlp(OBS, N_DISCRETE), in_keys=["observation"], out_keys=["logits"]
-            ),
-            in_keys=["logits"],
-            spec=OneHot(N_DISCRETE),
-            distribution_class=OneHotCategorical,
-        )
-        qvalue = TensorDictModule(
-            _mlp(OBS, N_DISCRETE),
-            in_keys=["observation"],
-            out_keys=["state_action_value"],
-        )
-        value = TensorDictModule(
-            _mlp(OBS, 1), in_keys=["observation"], out_keys=["state_value"]
-        )
-        return objectives.DiscreteIQLLoss(actor, qvalue, value, action_space="one-hot")
-    raise ValueError(name)
-
-
-def uncovered_batch(name: str) -> TensorDict:
-    """A padded batch with its mask and garbage in the padded rows."""
-    _, padded = slice_batches(
-        "dqn" if name == "discrete_iql" else "td3", (3, 5, 2), 6, garbage="random"
-    )
-    if name == "discrete_iql":
-        padded["action"] = padded["action"].clamp(0, 1)
-        padded["action"][:, 1:] = 0
-        padded["action"][:, 0] = 1 - padded["action"][:, 1:].sum(-1).clamp_max(1)
-    return padded
-
-
 def _reference(path):
     results = {}
     for name in ESTIMATORS:
@@ -723,10 +686,15 @@ def _reference(path):
             },
             [],
         )
-    for name in UNCOVERED:
-        loss = make_uncovered_loss(name)
+    # QMixerLoss without a mask key ignores any mask, all-False included
+    _, padded = slice_batches("qmixer", (3, 5, 2), 6, garbage="random")
+    mask = padded.get(MASK_KEY)
+    for i, other in enumerate((mask, torch.zeros_like(mask), mask.unsqueeze(-1))):
+        torch.manual_seed(0)
+        loss = _make_qmixer_loss(read_mask=False)
         torch.manual_seed(2)
-        results[("uncovered", name)] = loss_and_grads(loss, uncovered_batch(name))
+        td = padded.clone().set(MASK_KEY, other)
+        results[("qmixer-no-key", i)] = loss_and_grads(loss, td)
     for name in COVERED:
         for reduction in reductions(name):
             loss = make_loss(name, reduction=reduction)

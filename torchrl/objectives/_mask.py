@@ -182,6 +182,34 @@ def _spread_real_rows(
     return values.index_select(dim, index).unflatten(dim, mask.shape)
 
 
+def _refuse_mask(
+    loss, tensordict: TensorDictBase, why: str, key: NestedKey = DEFAULT_MASK_KEY
+) -> None:
+    """Raises if a loss that cannot honour a padding mask gets a padded batch.
+
+    Args:
+        loss (LossModule): the loss, named in the error.
+        tensordict (TensorDictBase): its input batch.
+        why (str): why the loss cannot take a row mask.
+        key (NestedKey, optional): the mask key. Defaults to
+            ``("collector", "mask")``.
+
+    Raises:
+        ValueError: if the batch holds a mask at ``key`` with a ``False`` entry
+            (a mask that is ``True`` everywhere is accepted).
+    """
+    if not isinstance(tensordict, TensorDictBase):
+        return
+    mask = tensordict.get(key, None)
+    if not isinstance(mask, torch.Tensor) or bool(mask.all()):
+        return
+    raise ValueError(
+        f"{type(loss).__name__} got a padding mask at key {key!r} with padded "
+        f"(False) rows, but it cannot honour one: {why}. Drop the padded rows "
+        f"before the loss: batch = batch[batch[{key!r}]]."
+    )
+
+
 def _expand_mask(mask: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
     """Adds trailing singleton dims to ``mask`` so it broadcasts against ``tensor``."""
     if tensor.shape[: mask.ndim] != mask.shape:
