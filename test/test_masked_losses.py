@@ -185,12 +185,14 @@ class TestPaddedEqualsUnpadded:
         assert any(value.shape[:1] == (int(mask.sum()),) for value in got.values())
         torch.testing.assert_close(got, expected)
 
-    @settings(max_examples=10, deadline=None)
+    @settings(max_examples=20, deadline=None)
     @given(
         lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4),
         extra=st.integers(0, 3),
         garbage=st.sampled_from(GARBAGE),
-        name=st.sampled_from(["clipppo", "a2c", "dqn"]),
+        name=st.sampled_from(
+            ["clipppo", "a2c", "dqn", "discrete_sac", "redq", "odt", "crossq_bn"]
+        ),
     )
     def test_any_padding(self, lengths, extra, garbage, name):
         real, padded = slice_batches(
