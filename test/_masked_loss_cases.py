@@ -696,6 +696,21 @@ def _reference(path):
         td = padded.clone().set(MASK_KEY, other)
         results[("qmixer-no-key", i)] = loss_and_grads(loss, td)
     for name in COVERED:
+        # every tensor the loss reports (logged statistics included)
+        loss = make_loss(name)
+        torch.manual_seed(2)
+        out = loss(make_batch(name, 10))
+        if isinstance(out, tuple):
+            out = out[0]
+        results[("outputs", name)] = (
+            {
+                key: value.detach()
+                for key, value in out.items(True, True)
+                if isinstance(value, torch.Tensor)
+                and key not in CHANGED_FROM_UPSTREAM.get(name, ())
+            },
+            [],
+        )
         for reduction in reductions(name):
             loss = make_loss(name, reduction=reduction)
             td = make_batch(name, 10)

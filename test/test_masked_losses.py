@@ -624,6 +624,16 @@ class TestUnmaskedUnchanged:
         for grad, expected in zip(grads, expected_grads):
             assert torch.equal(grad, expected)
 
+    @pytest.mark.parametrize("name", COVERED)
+    def test_every_output_matches_pristine(self, references, name):
+        # the logged statistics too (entropy, alpha, predicted values, ...)
+        upstream, fork = references
+        expected, _ = upstream[("outputs", name)]
+        got, _ = fork[("outputs", name)]
+        assert set(got) == set(expected)
+        for key in expected:
+            assert torch.equal(got[key], expected[key]), key
+
     @pytest.mark.parametrize("padded", [False, True])
     @pytest.mark.parametrize("name", ESTIMATORS)
     def test_estimator_matches_pristine(self, references, name, padded):

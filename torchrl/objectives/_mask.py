@@ -269,6 +269,15 @@ def _masked_reduce_stacked(
     return out
 
 
+def _masked_mean_stacked(
+    tensor: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Averages a per-row statistic with one leading stack dim over the real rows."""
+    if mask is None:
+        return tensor.mean()
+    return _masked_mean(tensor.movedim(0, -1), mask)
+
+
 def _reduced_batch_size(
     batch_size: torch.Size, mask: torch.Tensor | None
 ) -> torch.Size:
