@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -14,19 +15,23 @@ from pathlib import Path
 import pytest
 import torch
 from _masked_loss_cases import (
+    _make_qmixer_loss,
+    CHANGED_ESTIMATORS,
     COVERED,
     ESTIMATORS,
     fill_garbage,
+    FLAT_ONLY,
     layout,
     loss_and_grads,
+    loss_classes,
+    LOSS_STATUS,
     make_batch,
     make_loss,
-    make_uncovered_loss,
     MASK_KEY,
+    OPT_IN,
+    reductions,
     slice_batches,
     split_trajs_layout,
-    UNCOVERED,
-    uncovered_batch,
 )
 from hypothesis import given, settings, strategies as st
 
@@ -35,8 +40,22 @@ pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 ROOT = Path(__file__).resolve().parents[1]
 LENGTHS = (3, 5, 2)
 PAD_TO = 6
-WEIGHTED = [name for name in COVERED if name in ("dqn", "sac", "td3", "ddpg")]
+WEIGHTED = [
+    name
+    for name in COVERED
+    if name in ("dqn", "sac", "td3", "ddpg", "dist_dqn", "discrete_sac")
+]
 GARBAGE = [None, "zeros", "huge", "random"]
+
+
+def _skip_if_no_reduction(name, reduction):
+    if reduction not in reductions(name):
+        pytest.skip(f"{name} has no reduction={reduction!r}, as in 0.12.0")
+
+
+def _skip_if_flat_only(name):
+    if name in FLAT_ONLY:
+        pytest.skip(f"{name} takes one-dimensional batches only, as in 0.12.0")
 
 
 def _compare(name, reduction, real, padded, **loss_kwargs):
@@ -65,8 +84,30 @@ class TestPaddedEqualsUnpadded:
     )
     @pytest.mark.parametrize("name", COVERED)
     def test_loss_and_grads(self, name, reduction, garbage):
+        _skip_if_no_reduction(name, reduction)
         real, padded = slice_batches(name, *layout(name), garbage=garbage)
         _compare(name, reduction, real, padded)
+
+    @pytest.mark.parametrize("name", COVERED)
+    def test_logged_values(self, name):
+        # every tensor a loss reports besides its loss terms (entropy, alpha,
+        # predicted and target values, ...) comes from the real rows only
+        real, padded = slice_batches(name, *layout(name), garbage="huge")
+        torch.manual_seed(3)
+        expected = make_loss(name)(real.clone())
+        torch.manual_seed(3)
+        got = make_loss(name)(padded.clone())
+        assert set(got.keys(True, True)) == set(expected.keys(True, True))
+        mask = padded.get(MASK_KEY)
+        for key, value in expected.items(True, True):
+            if not isinstance(value, torch.Tensor):
+                continue
+            result = got[key]
+            for dim, (n, m) in enumerate(zip(result.shape, value.shape)):
+                if result.ndim == value.ndim and (n, m) == (mask.numel(), real.numel()):
+                    # a per-row diagnostic keeps the batch's rows
+                    result = result.index_select(dim, mask.nonzero().squeeze(-1))
+            torch.testing.assert_close(result, value, msg=str(key))
 
     @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
     @pytest.mark.parametrize("name", WEIGHTED)
@@ -113,6 +154,7 @@ class TestPaddedEqualsUnpadded:
         # a [B, T] batch with a [B, T] mask, zeros after each trajectory and no
         # done marker where the real data of a trajectory ends: value
         # estimators must not carry the zeros into the real steps
+        _skip_if_flat_only(name)
         lengths, pad_to = layout(name)
         real, padded = slice_batches(name, lengths, pad_to, garbage="zeros")
         padded = split_trajs_layout(padded, lengths)
@@ -120,10 +162,19 @@ class TestPaddedEqualsUnpadded:
 
     @pytest.mark.parametrize("name", COVERED)
     def test_reduction_none_real_rows(self, name):
+        _skip_if_no_reduction(name, "none")
         # as torchrl.objectives.utils._reduce(..., mask=mask): "none" returns
         # the real rows, flattened (tensor[mask]), which for a split_trajs
         # [B, T] batch are the rows of the batch with its padding removed
         lengths, pad_to = layout(name)
+        if name in FLAT_ONLY:
+            real, padded = slice_batches(name, lengths, pad_to, garbage="zeros")
+            torch.manual_seed(3)
+            expected, _ = loss_and_grads(make_loss(name, reduction="none"), real)
+            torch.manual_seed(3)
+            got, _ = loss_and_grads(make_loss(name, reduction="none"), padded)
+            torch.testing.assert_close(got, expected)
+            return
         real, padded = slice_batches(name, lengths, pad_to, garbage="zeros")
         padded = split_trajs_layout(padded, lengths)
         mask = padded.get(MASK_KEY)
@@ -134,12 +185,14 @@ class TestPaddedEqualsUnpadded:
         assert any(value.shape[:1] == (int(mask.sum()),) for value in got.values())
         torch.testing.assert_close(got, expected)
 
-    @settings(max_examples=10, deadline=None)
+    @settings(max_examples=20, deadline=None)
     @given(
         lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4),
         extra=st.integers(0, 3),
         garbage=st.sampled_from(GARBAGE),
-        name=st.sampled_from(["clipppo", "a2c", "dqn"]),
+        name=st.sampled_from(
+            ["clipppo", "a2c", "dqn", "discrete_sac", "redq", "odt", "crossq_bn"]
+        ),
     )
     def test_any_padding(self, lengths, extra, garbage, name):
         real, padded = slice_batches(
@@ -148,10 +201,110 @@ class TestPaddedEqualsUnpadded:
         _compare(name, "mean", real, padded)
 
 
+class TestEveryLossHasAStatus:
+    """A loss class cannot be added to ``torchrl.objectives`` without a decision."""
+
+    DOC = ROOT / "docs" / "source" / "reference" / "objectives_mask.rst"
+
+    def _doc_rows(self):
+        text = self.DOC.read_text()
+        table = text[text.index("Status of every loss") :]
+        rows = {}
+        for line in table.splitlines():
+            match = re.match(
+                r"^(?::class:`)?(\w+)`?\s{2,}(covered|opt-in|not covered|raises)\s",
+                line,
+            )
+            if match:
+                rows[match.group(1)] = match.group(2)
+        return rows
+
+    def test_every_loss_class_has_a_status(self):
+        names = {cls.__name__ for cls in loss_classes()}
+        assert len(names) >= 30
+        assert names == set(LOSS_STATUS)
+
+    def test_docs_table_lists_every_loss_with_its_status(self):
+        expected = {name: status for name, (status, _) in LOSS_STATUS.items()}
+        assert self._doc_rows() == expected
+
+    @pytest.mark.parametrize(
+        "name",
+        [
+            name
+            for name, (status, _) in LOSS_STATUS.items()
+            if status in ("covered", "opt-in")
+        ],
+    )
+    def test_covered_losses_have_cases(self, name):
+        _, cases = LOSS_STATUS[name]
+        if isinstance(cases, str):
+            # a test module of its own
+            assert (ROOT / "test" / f"{cases}.py").is_file()
+            return
+        for case in cases:
+            assert case in COVERED
+            assert type(make_loss(case)).__name__ == name
+            reads = OPT_IN if LOSS_STATUS[name][0] == "opt-in" else COVERED
+            assert case in reads
+
+    def test_every_case_has_a_status(self):
+        cases = {
+            case
+            for status, cases in LOSS_STATUS.values()
+            if status in ("covered", "opt-in") and not isinstance(cases, str)
+            for case in cases
+        }
+        assert cases == set(COVERED)
+
+    @pytest.mark.parametrize(
+        "name",
+        [name for name, (status, _) in LOSS_STATUS.items() if status == "raises"],
+    )
+    def test_refusing_losses_raise_on_padded_batches(self, name):
+        # the LLM losses need an LLM wrapper (transformers or vLLM) to be
+        # built; the check is the first thing their forward does, so it runs
+        # on a loss whose __init__ is skipped
+        from torchrl.objectives import LossModule
+
+        cls = next(cls for cls in loss_classes() if cls.__name__ == name)
+        loss = cls.__new__(cls)
+        LossModule.__init__(loss)
+        _, padded = slice_batches("ppo", LENGTHS, PAD_TO)
+        with pytest.raises(
+            ValueError,
+            match=rf"{name} got a padding mask at key \('collector', 'mask'\)",
+        ):
+            loss(padded)
+        # an all-True mask is no padding
+        from torchrl.objectives._mask import _refuse_mask
+
+        all_true = padded.set(MASK_KEY, torch.ones(padded.shape, dtype=torch.bool))
+        _refuse_mask(loss, all_true, "why")
+
+
 class TestMaskKey:
-    @pytest.mark.parametrize("name", COVERED)
+    @pytest.mark.parametrize("name", [name for name in COVERED if name not in OPT_IN])
     def test_default_key(self, name):
         assert make_loss(name).tensor_keys.mask == ("collector", "mask")
+
+    def test_qmixer_reads_no_mask_by_default(self):
+        # multi-agent data may carry an all-False placeholder mask (upstream's
+        # own QMixer tests do): QMixerLoss reads a mask only once given a key
+        from torchrl.objectives import QMixerLoss
+
+        assert QMixerLoss.default_keys.mask is None
+        real, padded = slice_batches("qmixer", LENGTHS, PAD_TO, garbage="random")
+        results = []
+        for mask in (None, torch.zeros(padded.shape, dtype=torch.bool)):
+            torch.manual_seed(0)
+            loss = _make_qmixer_loss(read_mask=False)
+            td = padded.exclude(MASK_KEY)
+            if mask is not None:
+                td.set(MASK_KEY, mask)
+            torch.manual_seed(3)
+            results.append(loss_and_grads(loss, td))
+        torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
 
     @pytest.mark.parametrize("name", COVERED)
     def test_set_keys(self, name):
@@ -194,6 +347,8 @@ class TestMaskKey:
         real, padded = slice_batches(name, *layout(name), garbage="random")
         padded.set(MASK_KEY, padded.get(MASK_KEY).unsqueeze(-1))
         _compare(name, "mean", real, padded)
+        if name in FLAT_ONLY:
+            return
         # [B, T, 1] too, where an all-True mask leaves the loss unmasked
         lengths, pad_to = layout(name)
         td = real[: len(lengths) * 2].reshape(len(lengths), 2)
@@ -324,6 +479,22 @@ class TestOneDimensionalAction:
         torch.testing.assert_close(got["loss_objective"], expected["loss_objective"])
 
 
+class TestPILCOCost:
+    def test_gradient_reaches_real_rows_only(self):
+        # PILCO differentiates the cost through the predicted states
+        real, padded = slice_batches("pilco", LENGTHS, PAD_TO, garbage="huge")
+        mask = padded.get(MASK_KEY)
+        grads = []
+        for td in (real, padded):
+            td = td.clone()
+            mean = td["observation", "mean"].requires_grad_()
+            out = make_loss("pilco")(td)
+            (grad,) = torch.autograd.grad(out["loss_cost"], mean)
+            grads.append(grad)
+        torch.testing.assert_close(grads[1][mask], grads[0])
+        assert (grads[1][~mask] == 0).all()
+
+
 class TestCQLPerRow:
     def test_cql_term_one_value_per_row(self):
         # 0.12.0 subtracted an [N, 1] prediction from an [N * num_random]
@@ -442,6 +613,7 @@ class TestUnmaskedUnchanged:
     @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
     @pytest.mark.parametrize("name", COVERED)
     def test_matches_pristine(self, references, name, reduction):
+        _skip_if_no_reduction(name, reduction)
         upstream, fork = references
         expected_values, expected_grads = upstream[(name, reduction)]
         values, grads = fork[(name, reduction)]
@@ -452,6 +624,16 @@ class TestUnmaskedUnchanged:
         for grad, expected in zip(grads, expected_grads):
             assert torch.equal(grad, expected)
 
+    @pytest.mark.parametrize("name", COVERED)
+    def test_every_output_matches_pristine(self, references, name):
+        # the logged statistics too (entropy, alpha, predicted values, ...)
+        upstream, fork = references
+        expected, _ = upstream[("outputs", name)]
+        got, _ = fork[("outputs", name)]
+        assert set(got) == set(expected)
+        for key in expected:
+            assert torch.equal(got[key], expected[key]), key
+
     @pytest.mark.parametrize("padded", [False, True])
     @pytest.mark.parametrize("name", ESTIMATORS)
     def test_estimator_matches_pristine(self, references, name, padded):
@@ -461,6 +643,15 @@ class TestUnmaskedUnchanged:
         expected, _ = upstream[case]
         got, _ = fork[case]
         for key in expected:
+            if name in CHANGED_ESTIMATORS and key == "advantage":
+                # the documented fix: the V-Trace advantage at a truncation
+                # inside the batch; every other step keeps the 0.12.0 value
+                done = expected["next", "done"].clone()
+                done[..., -1, :] = False
+                assert done.any()
+                assert not torch.allclose(got[key][done], expected[key][done])
+                assert torch.equal(got[key][~done], expected[key][~done])
+                continue
             assert torch.equal(got[key], expected[key]), key
 
     @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -473,42 +664,26 @@ class TestUnmaskedUnchanged:
         assert not torch.allclose(got["loss_cql"], expected["loss_cql"])
 
 
-class TestUncoveredUntouched:
-    """Losses that do not read the mask keep the 0.12.0 results on padded batches.
+class TestQMixerWithoutKeyUntouched:
+    """Without a mask key, QMixerLoss gives the 0.12.0 results on padded batches."""
 
-    Their value estimators read no mask either, and a subclass of a mask-aware
-    loss (:class:`~torchrl.objectives.DiscreteIQLLoss`) that does not read it
-    inherits nothing of the masking.
-    """
-
-    @pytest.mark.parametrize("name", UNCOVERED)
-    def test_padded_batch_matches_pristine(self, references, name):
+    @pytest.mark.parametrize("case", [0, 1, 2])
+    def test_padded_batch_matches_pristine(self, references, case):
+        # the padding mask, an all-False one, and one with a trailing dim
         upstream, fork = references
-        expected_values, expected_grads = upstream[("uncovered", name)]
-        values, grads = fork[("uncovered", name)]
+        expected_values, expected_grads = upstream[("qmixer-no-key", case)]
+        values, grads = fork[("qmixer-no-key", case)]
         assert set(values) == set(expected_values)
         for key in values:
             assert torch.equal(values[key], expected_values[key]), key
+        assert len(grads) == len(expected_grads)
         for grad, expected in zip(grads, expected_grads):
             assert torch.equal(grad, expected)
 
-    @pytest.mark.parametrize("name", UNCOVERED)
-    def test_no_mask_key(self, name):
-        loss = make_uncovered_loss(name)
-        assert getattr(loss.tensor_keys, "mask", None) is None
+    def test_no_mask_key(self):
+        loss = _make_qmixer_loss(read_mask=False)
+        assert loss.tensor_keys.mask is None
         assert loss.value_estimator.tensor_keys.mask is None
-
-    @pytest.mark.parametrize("name", UNCOVERED)
-    def test_all_false_and_trailing_mask_ignored(self, name):
-        padded = uncovered_batch(name)
-        torch.manual_seed(2)
-        expected = loss_and_grads(make_uncovered_loss(name), padded)
-        mask = padded.get(MASK_KEY)
-        for other in (torch.zeros_like(mask), mask.unsqueeze(-1)):
-            td = padded.clone().set(MASK_KEY, other)
-            torch.manual_seed(2)
-            got = loss_and_grads(make_uncovered_loss(name), td)
-            torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 def _cartpole_data():
@@ -620,4 +795,160 @@ class TestEndToEnd:
         torch.testing.assert_close(got, expected)
         # control: ignoring the mask gives another update
         ignored = _ppo_update(loss_cls, padded.exclude(MASK_KEY), action_spec)
+        assert any(not torch.allclose(a, b) for a, b in zip(ignored, expected))
+
+
+def _padded_and_ragged(data, tmp_path, storage="tensor", num_slices=4, batch=120):
+    from torchrl.data import (
+        LazyMemmapStorage,
+        LazyTensorStorage,
+        SliceSampler,
+        TensorDictReplayBuffer,
+    )
+
+    if storage == "tensor":
+        store = LazyTensorStorage(1000)
+    else:
+        store = LazyMemmapStorage(1000, scratch_dir=tmp_path)
+    kwargs = {"num_slices": num_slices, "end_key": ("next", "done")}
+    padded_rb = TensorDictReplayBuffer(
+        storage=store,
+        sampler=SliceSampler(strict_length=False, pad_output=True, **kwargs),
+        batch_size=batch,
+    )
+    padded_rb.extend(data)
+    ragged_rb = TensorDictReplayBuffer(
+        storage=store,
+        sampler=SliceSampler(strict_length=False, **kwargs),
+        batch_size=batch,
+    )
+    torch.manual_seed(5)
+    padded = padded_rb.sample()
+    torch.manual_seed(5)
+    ragged = ragged_rb.sample()
+    mask = padded.get(MASK_KEY)
+    # the sample does hold padded rows, and the ragged one is its real rows
+    assert (~mask).any()
+    assert ragged.shape[0] == int(mask.sum())
+    torch.testing.assert_close(padded["observation"][mask], ragged["observation"])
+    return padded, ragged
+
+
+class _CausalTransformer(torch.nn.Module):
+    """A decision-transformer-style policy: causal self-attention over time.
+
+    Each step's action is predicted from the observations up to that step,
+    with a learned embedding of the step's position in its sequence.
+    """
+
+    def __init__(self, obs_dim, act_dim, context=64, width=16):
+        super().__init__()
+        self.embed = torch.nn.Linear(obs_dim, width)
+        self.position = torch.nn.Embedding(context, width)
+        self.block = torch.nn.TransformerEncoderLayer(
+            width, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True
+        )
+        self.head = torch.nn.Sequential(
+            torch.nn.Linear(width, act_dim), torch.nn.Tanh()
+        )
+
+    def forward(self, observation):
+        steps = observation.shape[-2]
+        x = self.embed(observation) + self.position(torch.arange(steps))
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(steps)
+        return self.head(self.block(x, src_mask=causal, is_causal=True))
+
+
+def _dt_update(batches, steps=3):
+    """DTLoss updates on ``batches``, a list of ``[B, T]`` tensordicts.
+
+    The loss of one update is the mean over every real step of every batch:
+    each batch's ``reduction="none"`` terms (its real steps' only) are
+    concatenated, so a list of single-slice batches (the ragged sample, one
+    sequence per slice) and a single padded batch give the same objective.
+    """
+    from tensordict.nn import TensorDictModule
+    from torchrl.objectives import DTLoss
+
+    torch.manual_seed(1)
+    actor = TensorDictModule(
+        _CausalTransformer(4, 2), in_keys=["observation"], out_keys=["action"]
+    )
+    loss = DTLoss(actor, reduction="none")
+    # plain SGD: Adam would blow up the rounding noise of the attention's
+    # key bias, whose true gradient is zero, into full-size steps
+    optim = torch.optim.SGD(loss.parameters(), lr=0.1)
+    for _ in range(steps):
+        terms = [loss(batch.clone())["loss"].reshape(-1) for batch in batches]
+        total = torch.cat(terms).mean()
+        optim.zero_grad()
+        total.backward()
+        optim.step()
+    return [p.detach().clone() for p in loss.parameters()]
+
+
+def _discrete_sac_update(sample, action_spec, steps=3):
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import OneHotCategorical, ProbabilisticActor
+    from torchrl.objectives import DiscreteSACLoss
+
+    torch.manual_seed(1)
+
+    def mlp(out):
+        return torch.nn.Sequential(
+            torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, out)
+        )
+
+    actor = ProbabilisticActor(
+        TensorDictModule(mlp(2), in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        spec=action_spec,
+    )
+    qvalue = TensorDictModule(
+        mlp(2), in_keys=["observation"], out_keys=["action_value"]
+    )
+    loss = DiscreteSACLoss(actor, qvalue, action_space=action_spec, num_actions=2)
+    optim = torch.optim.Adam(loss.parameters(), lr=1e-2)
+    for _ in range(steps):
+        out = loss(sample.clone())
+        total = out["loss_actor"] + out["loss_qvalue"] + out["loss_alpha"]
+        optim.zero_grad()
+        total.backward()
+        optim.step()
+    return [p.detach().clone() for p in loss.parameters()]
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
+class TestEndToEndOtherFamilies:
+    """Updates on ``pad_output=True`` samples equal the ragged ones."""
+
+    @pytest.mark.parametrize("storage", ["tensor", "memmap"])
+    def test_decision_transformer_update(self, storage, tmp_path, cartpole):
+        data, _ = cartpole
+        data = data.set("action", data["action"].float())
+        padded, ragged = _padded_and_ragged(data, tmp_path, storage)
+        # the layout a sequence model reads: one row per slice, padding last
+        num_slices = 4
+        padded = padded.reshape(num_slices, -1)
+        lengths = padded.get(MASK_KEY).sum(-1).tolist()
+        slices = [
+            piece.unsqueeze(0) for piece in ragged.split(lengths, 0)
+        ]  # each slice alone, [1, length]
+        assert sum(piece.shape[1] for piece in slices) == ragged.shape[0]
+        expected = _dt_update(slices)
+        got = _dt_update([padded])
+        torch.testing.assert_close(got, expected)
+        # control: ignoring the mask gives another update
+        ignored = _dt_update([padded.exclude(MASK_KEY)])
+        assert any(not torch.allclose(a, b) for a, b in zip(ignored, expected))
+
+    @pytest.mark.parametrize("storage", ["tensor", "memmap"])
+    def test_discrete_sac_update(self, storage, tmp_path, cartpole):
+        data, action_spec = cartpole
+        padded, ragged = _padded_and_ragged(data, tmp_path, storage)
+        expected = _discrete_sac_update(ragged, action_spec)
+        got = _discrete_sac_update(padded, action_spec)
+        torch.testing.assert_close(got, expected)
+        ignored = _discrete_sac_update(padded.exclude(MASK_KEY), action_spec)
         assert any(not torch.allclose(a, b) for a, b in zip(ignored, expected))

@@ -156,14 +156,11 @@ def _fill_padded(
     mask = _active_mask(mask, key)
     if mask is None:
         return tensordict, None
-    flat = _content_rows(tensordict, mask).reshape(-1)
-    if bool(flat.all()):
+    real = _content_rows(tensordict, mask)
+    if bool(real.all()):
         # burn-in rows only: nothing to fill
         return tensordict.copy(), mask
-    arange = torch.arange(flat.numel(), device=flat.device)
-    src = torch.where(flat, arange, -1).cummax(0).values
-    first = flat.to(torch.uint8).argmax()
-    src = torch.where(src < 0, first, src)
+    src = _fill_index(real)
     batch_size = tensordict.batch_size
     if len(batch_size) == 1:
         filled = tensordict[src]
@@ -175,6 +172,63 @@ def _fill_padded(
     if tensordict.get(BURN_IN_KEY, None) is not None:
         filled.set(BURN_IN_KEY, tensordict.get(BURN_IN_KEY))
     return filled, mask
+
+
+def _fill_index(mask: torch.Tensor) -> torch.Tensor:
+    """For every row of the flattened batch, the real row whose content it takes.
+
+    A real row maps to itself, a padded row to the closest real row that
+    precedes it (or to the first real row if none precedes it).
+    """
+    flat = mask.reshape(-1)
+    arange = torch.arange(flat.numel(), device=flat.device)
+    src = torch.where(flat, arange, -1).cummax(0).values
+    first = flat.to(torch.uint8).argmax()
+    return torch.where(src < 0, first, src)
+
+
+def _spread_real_rows(
+    values: torch.Tensor, mask: torch.Tensor, dim: int = 0
+) -> torch.Tensor:
+    """Puts values computed on the real rows only back into the batch layout.
+
+    ``values`` holds, along ``dim``, one entry per real row (in the order of
+    ``tensordict[mask]``); the result holds the batch dims of ``mask`` there,
+    every padded row taking the value of the real row :func:`_fill_padded`
+    copies into it.
+    """
+    flat = mask.reshape(-1)
+    rank = flat.to(torch.long).cumsum(0) - 1
+    index = rank[_fill_index(mask)]
+    return values.index_select(dim, index).unflatten(dim, mask.shape)
+
+
+def _refuse_mask(
+    loss, tensordict: TensorDictBase, why: str, key: NestedKey = DEFAULT_MASK_KEY
+) -> None:
+    """Raises if a loss that cannot honour a padding mask gets a padded batch.
+
+    Args:
+        loss (LossModule): the loss, named in the error.
+        tensordict (TensorDictBase): its input batch.
+        why (str): why the loss cannot take a row mask.
+        key (NestedKey, optional): the mask key. Defaults to
+            ``("collector", "mask")``.
+
+    Raises:
+        ValueError: if the batch holds a mask at ``key`` with a ``False`` entry
+            (a mask that is ``True`` everywhere is accepted).
+    """
+    if not isinstance(tensordict, TensorDictBase):
+        return
+    mask = tensordict.get(key, None)
+    if not isinstance(mask, torch.Tensor) or bool(mask.all()):
+        return
+    raise ValueError(
+        f"{type(loss).__name__} got a padding mask at key {key!r} with padded "
+        f"(False) rows, but it cannot honour one: {why}. Drop the padded rows "
+        f"before the loss: batch = batch[batch[{key!r}]]."
+    )
 
 
 def _expand_mask(mask: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
@@ -217,6 +271,32 @@ def _masked_reduce(
     if mask is not None:
         _expand_mask(mask, tensor)
     return _reduce(tensor, reduction=reduction, mask=mask, weights=weights)
+
+
+def _masked_reduce_stacked(
+    tensor: torch.Tensor, reduction: str, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Reduces a per-row loss with one leading stack dim over the real rows only.
+
+    For losses whose terms are stacked over an ensemble (one entry per
+    Q-value network, ``[K, *batch]``). With ``"none"``, the result is
+    ``tensor[:, mask]``: the real rows of each stacked term.
+    """
+    if mask is None:
+        return _reduce(tensor, reduction=reduction)
+    out = _masked_reduce(tensor.movedim(0, -1), reduction, mask=mask)
+    if reduction == "none":
+        out = out.movedim(-1, 0)
+    return out
+
+
+def _masked_mean_stacked(
+    tensor: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Averages a per-row statistic with one leading stack dim over the real rows."""
+    if mask is None:
+        return tensor.mean()
+    return _masked_mean(tensor.movedim(0, -1), mask)
 
 
 def _reduced_batch_size(
