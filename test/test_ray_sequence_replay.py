@@ -278,7 +278,7 @@ class TestResources:
 
 def test_collector_class_accepts_collector():
     # the worker class keeps the collector's name and is a subclass of it
-    from torchrl.collectors.distributed._ray_utils import _ray_worker_class
+    from torchrl.collectors.distributed._remote_workers import _ray_worker_class
 
     cls = _ray_worker_class(Collector)
     assert issubclass(cls, Collector) and cls.__name__ == "Collector"

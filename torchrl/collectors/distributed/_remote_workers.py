@@ -2,9 +2,12 @@
 #
 # This source code is licensed under the MIT license found in the
 # LICENSE file in the root directory of this source tree.
-"""What :class:`~torchrl.collectors.distributed.RayCollector` adds to its remote collectors.
+"""What the distributed collectors add to their remote collectors.
 
-Each remote collector is an actor of a subclass of the collector class (see
+The remote collectors of every distributed collector number their
+trajectories ``worker_idx + k * num_workers`` (:func:`_traj_ids_worker_class`).
+Each remote collector of :class:`~torchrl.collectors.distributed.RayCollector`
+is an actor of a subclass of the collector class (see
 :func:`_ray_worker_class`) that
 
 - draws its trajectory ids from a pool of its own, ``worker_idx + k *
@@ -86,19 +89,21 @@ def _unpack_error(info: dict[str, Any]) -> BaseException:
     return RuntimeError(f"{info['type']}: {info['message']}")
 
 
-class _RayWorkerMixin:
-    """Put in front of the collector class of each :class:`RayCollector` actor."""
+class _TrajIdsLayoutMixin:
+    """Put in front of the collector class of a remote worker: ``traj_ids_layout=(i, n)``.
+
+    The collector (or the workers of a :class:`~torchrl.collectors.MultiCollector`)
+    then numbers its trajectories ``i, i + n, i + 2n, ...``.
+    """
 
     def __init__(
         self,
         *args,
-        ray_traj_ids_layout: tuple[int, int] | None = None,
+        traj_ids_layout: tuple[int, int] | None = None,
         **kwargs,
     ):
-        self._ray_worker_warnings = _start_worker_warning_sink()
-        self._ray_worker_error = None
-        if ray_traj_ids_layout is not None:
-            offset, stride = ray_traj_ids_layout
+        if traj_ids_layout is not None:
+            offset, stride = traj_ids_layout
             if isinstance(self, MultiCollector):
                 # read by MultiCollector when it makes the pool its workers share
                 self._traj_pool_layout = {"offset": offset, "stride": stride}
@@ -106,6 +111,30 @@ class _RayWorkerMixin:
                 kwargs.setdefault(
                     "traj_pool", _TrajectoryPool(offset=offset, stride=stride)
                 )
+        super().__init__(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _traj_ids_worker_class(collector_class: type) -> type:
+    """``collector_class`` with :class:`_TrajIdsLayoutMixin` in front, named like it."""
+    if issubclass(collector_class, _TrajIdsLayoutMixin):
+        return collector_class
+    return _subclass(_TrajIdsLayoutMixin, collector_class)
+
+
+def _subclass(mixin: type, collector_class: type) -> type:
+    cls = types.new_class(collector_class.__name__, (mixin, collector_class), {})
+    cls.__qualname__ = collector_class.__qualname__
+    cls.__doc__ = collector_class.__doc__
+    return cls
+
+
+class _RayWorkerMixin(_TrajIdsLayoutMixin):
+    """Put in front of the collector class of each :class:`RayCollector` actor."""
+
+    def __init__(self, *args, **kwargs):
+        self._ray_worker_warnings = _start_worker_warning_sink()
+        self._ray_worker_error = None
         try:
             super().__init__(*args, **kwargs)
         except Exception as err:
@@ -128,12 +157,7 @@ def _ray_worker_class(collector_class: type) -> type:
     """``collector_class`` with :class:`_RayWorkerMixin` in front, named like it."""
     if issubclass(collector_class, _RayWorkerMixin):
         return collector_class
-    cls = types.new_class(
-        collector_class.__name__, (_RayWorkerMixin, collector_class), {}
-    )
-    cls.__qualname__ = collector_class.__qualname__
-    cls.__doc__ = collector_class.__doc__
-    return cls
+    return _subclass(_RayWorkerMixin, collector_class)
 
 
 def _wait_for_ray_workers(owner: str, actors: Sequence) -> None:
