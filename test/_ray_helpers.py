@@ -114,3 +114,28 @@ def wait_until(predicate, timeout: float, interval: float = 0.2) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+def check_traj_ids(batches) -> dict[int, int]:
+    """Checks the trajectory ids of a distributed collector's batches; returns id -> worker.
+
+    Every id belongs to one worker (rows carry ``"worker_id"``), and the
+    trajectory running at the end of a worker's batch keeps its id at the start
+    of that worker's next batch unless it ended there.
+    """
+    owner: dict[int, int] = {}
+    last: dict[int, tuple[int, bool]] = {}
+    for data in batches:
+        flat = data.reshape(-1)
+        for w in flat["worker_id"].unique().tolist():
+            rows = flat[flat["worker_id"] == w]  # in time order
+            traj = rows["collector", "traj_ids"]
+            for t in traj.unique().tolist():
+                assert owner.setdefault(t, w) == w, f"id {t} used by two workers"
+            if w in last:
+                prev_traj, prev_done = last[w]
+                assert (
+                    int(traj[0]) == prev_traj
+                ) != prev_done, "a trajectory changed its id from one batch to the next"
+            last[w] = (int(traj[-1]), bool(rows["next", "done"][-1]))
+    return owner
