@@ -8,7 +8,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 FORK := $(PY) tools/fork.py
 # requirements/*.txt name what each job needs; constraints.txt pins the rest.
 CONSTRAINTS := requirements/constraints.txt
-REQS := $(addprefix requirements/,runtime.txt build.txt test.txt examples.txt)
+REQS := $(addprefix requirements/,runtime.txt build.txt test.txt examples.txt ray.txt)
 OVERLAY := $(shell find torchrl -type f ! -path '*/__pycache__/*' 2>/dev/null)
 # Our own Python files, held to upstream's lint bar.
 OWN_PY = $(shell git ls-files --cached --others --exclude-standard -- '*.py')
