@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import deque
 from pathlib import Path
 
 import torch
@@ -50,9 +49,8 @@ from recurrent_ppo import (
     _positive_int,
     _unit_float,
     _vecnorm,
-    evaluate,
     make_env,
-    write_curve,
+    RunLog,
 )
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
@@ -366,8 +364,6 @@ def make_qnet(args: argparse.Namespace, obs_dim: int, action_spec) -> nn.Module:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
-    from tqdm import tqdm
-
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     start = time.monotonic()
@@ -433,9 +429,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         priority_key="td_error",
     )
 
-    rows: list[dict[str, float]] = []
-    recent: deque[float] = deque(maxlen=20)  # the last training episodes
-    frames = 0
     seen = "all" if args.obs_keep is None else ",".join(map(str, args.obs_keep))
     kind = args.rnn if args.policy == "rnn" else "mlp"
     title = (
@@ -443,35 +436,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"burn-in {args.burn_in}, seed {args.seed}"
     )
 
-    def run_eval() -> None:
-        if args.obs_norm:
-            eval_norm = _vecnorm(eval_env)
-            eval_norm.load_state_dict(_vecnorm(env).state_dict())
-            eval_norm.freeze()
-        value = evaluate(eval_env, qnet, args.eval_episodes, args.max_episode_steps)
-        wall = time.monotonic() - start
-        rows.append({"frames": frames, "eval_return": value, "wall_s": round(wall, 2)})
-        message = f"eval: return {value:.1f} after {frames} frames ({wall:.0f} s)"
-        if bar is not None:
-            bar.write(message)
-        else:
-            print(message, flush=True)
-
-    bar = None
-    if not args.no_progress:
-        bar = tqdm(total=total_frames, unit="frame", dynamic_ncols=True)
-    run_eval()
+    log = RunLog(args, total_frames, start)
+    log.evaluate(env, eval_env, qnet)
     next_eval = args.eval_every
     try:
         for batch in collector:
-            frames += batch.numel()
-            if args.obs_norm and 0 < args.obs_norm_frames <= frames:
+            log.collected(batch)
+            if args.obs_norm and 0 < args.obs_norm_frames <= log.frames:
                 _vecnorm(env).freeze()
-            done = batch["next", "done"]
-            recent.extend(batch["next", "episode_reward"][done].tolist())
             buffer.extend(batch)
             explore.step(batch.shape[-1])
-            if frames >= args.warmup_frames:
+            if log.frames >= args.warmup_frames:
                 for _ in range(args.updates_per_batch):
                     sample = buffer.sample()
                     with set_recurrent_mode(True):
@@ -485,26 +460,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                         buffer.update_tensordict_priority(sample)
                 collector.update_policy_weights_()
 
-            if bar is not None:
-                bar.update(batch.numel())
-                elapsed = bar.format_dict["elapsed"] or 1.0
-                postfix = {"fps": f"{frames / elapsed:.0f}"}
-                if recent:
-                    postfix["return"] = f"{sum(recent) / len(recent):.1f}"
-                bar.set_postfix(postfix)
-            if frames >= next_eval or frames >= total_frames:
-                run_eval()
+            log.progress(batch.numel())
+            if log.frames >= next_eval or log.frames >= total_frames:
+                log.evaluate(env, eval_env, qnet)
                 next_eval += args.eval_every
     finally:
         collector.shutdown()
         eval_env.close()  # ParallelEnv workers would keep the process alive
-        if bar is not None:
-            bar.close()
-    wall = time.monotonic() - start
-    write_curve(args.out, rows, title)
-    final = rows[-1]["eval_return"]
-    print(f"eval return {final:.1f} after {frames} frames in {wall:.0f} s")
-    return {"eval_return": final, "frames": frames, "wall_s": wall, "curve": rows}
+        log.close()
+    return log.finish(title)
 
 
 if __name__ == "__main__":

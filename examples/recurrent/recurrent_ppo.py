@@ -533,10 +533,82 @@ def write_curve(out: Path, rows: list[dict[str, float]], title: str) -> None:
     plt.close(fig)
 
 
+class RunLog:
+    """What a training script shows: a progress bar, evaluation lines, the curve, the last line.
+
+    Args:
+        args: the parsed flags (``no_progress``, ``obs_norm``, ``eval_episodes``,
+            ``max_episode_steps``, ``out``).
+        total_frames: the frames the run collects.
+        start: ``time.monotonic()`` at the start of the run.
+    """
+
+    def __init__(self, args: argparse.Namespace, total_frames: int, start: float):
+        from tqdm import tqdm
+
+        self.args, self.start = args, start
+        self.rows: list[dict[str, float]] = []
+        self.recent: deque[float] = deque(maxlen=20)  # the last training episodes
+        self.frames = 0
+        self.bar = None
+        if not args.no_progress:
+            self.bar = tqdm(total=total_frames, unit="frame", dynamic_ncols=True)
+
+    def collected(self, batch) -> None:
+        """Counts a batch's frames and the returns of the episodes it ends."""
+        self.frames += batch.numel()
+        done = batch["next", "done"]
+        self.recent.extend(batch["next", "episode_reward"][done].tolist())
+
+    def progress(self, num_frames: int) -> None:
+        """Moves the bar on, with the frames per second and the recent return."""
+        if self.bar is None:
+            return
+        self.bar.update(num_frames)
+        elapsed = self.bar.format_dict["elapsed"] or 1.0
+        postfix = {"fps": f"{self.frames / elapsed:.0f}"}
+        if self.recent:
+            postfix["return"] = f"{sum(self.recent) / len(self.recent):.1f}"
+        self.bar.set_postfix(postfix)
+
+    def evaluate(self, env, eval_env, policy) -> None:
+        """One evaluation line, with ``env``'s observation statistics frozen into ``eval_env``."""
+        args = self.args
+        if args.obs_norm:
+            eval_norm = _vecnorm(eval_env)
+            eval_norm.load_state_dict(_vecnorm(env).state_dict())
+            eval_norm.freeze()
+        value = evaluate(eval_env, policy, args.eval_episodes, args.max_episode_steps)
+        wall = time.monotonic() - self.start
+        self.rows.append(
+            {"frames": self.frames, "eval_return": value, "wall_s": round(wall, 2)}
+        )
+        message = f"eval: return {value:.1f} after {self.frames} frames ({wall:.0f} s)"
+        if self.bar is not None:
+            self.bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def finish(self, title: str) -> dict[str, float]:
+        """Writes the curve and prints the last line; returns the run's summary."""
+        wall = time.monotonic() - self.start
+        write_curve(self.args.out, self.rows, title)
+        final = self.rows[-1]["eval_return"]
+        print(f"eval return {final:.1f} after {self.frames} frames in {wall:.0f} s")
+        return {
+            "eval_return": final,
+            "frames": self.frames,
+            "wall_s": wall,
+            "curve": self.rows,
+        }
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
-    from tqdm import tqdm
-
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     start = time.monotonic()
@@ -591,46 +663,25 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         batch_size=args.minibatch_slices * args.steps_per_env,
     )
 
-    rows: list[dict[str, float]] = []
-    recent: deque[float] = deque(maxlen=20)  # the last training episodes
-    frames = 0
     seen = "all" if args.obs_keep is None else ",".join(map(str, args.obs_keep))
     title = (
         f"{args.env} (observation entries {seen}): "
         f"{args.rnn if args.policy == 'rnn' else 'mlp'} PPO, seed {args.seed}"
     )
 
-    def run_eval() -> None:
-        if args.obs_norm:
-            eval_norm = _vecnorm(eval_env)
-            eval_norm.load_state_dict(_vecnorm(env).state_dict())
-            eval_norm.freeze()
-        value = evaluate(eval_env, actor, args.eval_episodes, args.max_episode_steps)
-        wall = time.monotonic() - start
-        rows.append({"frames": frames, "eval_return": value, "wall_s": round(wall, 2)})
-        message = f"eval: return {value:.1f} after {frames} frames ({wall:.0f} s)"
-        if bar is not None:
-            bar.write(message)
-        else:
-            print(message, flush=True)
-
-    bar = None
-    if not args.no_progress:
-        bar = tqdm(total=total_frames, unit="frame", dynamic_ncols=True)
-    run_eval()
+    log = RunLog(args, total_frames, start)
+    log.evaluate(env, eval_env, actor)
     next_eval = args.eval_every
     num_batches = total_frames // frames_per_batch
     try:
         for i, batch in enumerate(collector):
-            frames += batch.numel()
+            log.collected(batch)
             progress = i / num_batches
             for group in optim.param_groups:
                 group["lr"] = args.lr * (1 - progress)
             loss_fn.clip_epsilon.fill_(args.clip * (1 - progress))
-            if args.obs_norm and 0 < args.obs_norm_frames <= frames:
+            if args.obs_norm and 0 < args.obs_norm_frames <= log.frames:
                 _vecnorm(env).freeze()
-            done = batch["next", "done"]
-            recent.extend(batch["next", "episode_reward"][done].tolist())
 
             with torch.no_grad(), set_recurrent_mode(True):
                 advantage(batch)
@@ -649,26 +700,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                     optim.step()
             collector.update_policy_weights_()
 
-            if bar is not None:
-                bar.update(batch.numel())
-                elapsed = bar.format_dict["elapsed"] or 1.0
-                postfix = {"fps": f"{frames / elapsed:.0f}"}
-                if recent:
-                    postfix["return"] = f"{sum(recent) / len(recent):.1f}"
-                bar.set_postfix(postfix)
-            if frames >= next_eval or frames >= total_frames:
-                run_eval()
+            log.progress(batch.numel())
+            if log.frames >= next_eval or log.frames >= total_frames:
+                log.evaluate(env, eval_env, actor)
                 next_eval += args.eval_every
     finally:
         collector.shutdown()
         eval_env.close()  # ParallelEnv workers would keep the process alive
-        if bar is not None:
-            bar.close()
-    wall = time.monotonic() - start
-    write_curve(args.out, rows, title)
-    final = rows[-1]["eval_return"]
-    print(f"eval return {final:.1f} after {frames} frames in {wall:.0f} s")
-    return {"eval_return": final, "frames": frames, "wall_s": wall, "curve": rows}
+        log.close()
+    return log.finish(title)
 
 
 if __name__ == "__main__":
