@@ -1,0 +1,372 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""The slice samplers' trajectory index: updated from the written rows, equal to the full scan.
+
+A slice sampler finds the trajectories of its storage from an index that it
+updates, at each sample, from the rows written since the previous sample. These
+tests check that what it returns equals the full scan of the storage (the
+algorithm of TorchRL 0.12.0) for any sequence of writes, that it reads the whole
+column once only, and that it sees the writes of collector worker processes.
+"""
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from _slice_sampler_cases import make_sampler, make_storage, SAMPLERS
+from hypothesis import given, HealthCheck, settings, strategies as st
+from tensordict import TensorDict
+
+from torchrl.data import (
+    LazyTensorStorage,
+    PrioritizedSliceSampler,
+    ReplayBuffer,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
+
+KEY_MODES = {
+    # the collector's trajectory ids, found by the sampler itself
+    "auto": {},
+    "episode": {"traj_key": "episode"},
+    "end_key": {"end_key": ("next", "done")},
+}
+
+
+class _Writer:
+    """Writes steps of several envs into a buffer, trajectory by trajectory.
+
+    Each env continues its own trajectory across calls; a trajectory ends with
+    ``("next", "done")`` and the next one gets a new id. With a 2-d storage,
+    one call writes the same number of steps for every env (``[envs, steps]``).
+    """
+
+    def __init__(self, ndim: int, num_envs: int, keys: str):
+        self.ndim = ndim
+        self.num_envs = num_envs
+        self.keys = keys
+        self.next_id = 0
+        self.traj = [self._new_id() for _ in range(num_envs)]
+        self.step = [0] * num_envs
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def _env_steps(self, env: int, steps: int, ends: list[int]):
+        traj, step, done = [], [], []
+        for t in range(steps):
+            traj.append(self.traj[env])
+            step.append(self.step[env])
+            end = t in ends
+            done.append(end)
+            self.step[env] += 1
+            if end:
+                self.traj[env] = self._new_id()
+                self.step[env] = 0
+        return torch.tensor(traj), torch.tensor(step), torch.tensor(done)
+
+    def data(self, env: int, steps: int, ends: list[int]) -> TensorDict:
+        envs = range(self.num_envs) if self.ndim == 2 else [env]
+        columns = [self._env_steps(e, steps, ends) for e in envs]
+        traj, step, done = (torch.stack(c) for c in zip(*columns))
+        if self.ndim == 1:
+            traj, step, done = traj[0], step[0], done[0]
+        batch = list(traj.shape)
+        entries = {"steps": step, ("next", "done"): done.unsqueeze(-1)}
+        if self.keys == "auto":
+            entries[("collector", "traj_ids")] = traj
+        elif self.keys == "episode":
+            entries["episode"] = traj
+        return TensorDict(entries, batch)
+
+
+def _scan(sampler, storage):
+    """What the full scan of TorchRL 0.12.0 finds, from a sampler that never indexes."""
+    reference = SliceSampler(
+        num_slices=1,
+        traj_key=sampler.traj_key if sampler._fetch_traj else None,
+        end_key=None if sampler._fetch_traj else sampler.end_key,
+    )
+    reference._indexed_stop_and_length = lambda storage: None
+    return reference._get_stop_and_length(storage)
+
+
+def _assert_same_trajectories(sampler, storage):
+    found = sampler._get_stop_and_length(storage)
+    assert sampler._traj_index is not None
+    for got, expected in zip(found, _scan(sampler, storage)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+write_ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("extend"),
+            st.integers(0, 2),  # env
+            st.integers(1, 30),  # steps
+            st.lists(st.integers(0, 29), max_size=3),  # trajectory ends
+        ),
+        st.tuples(st.just("check")),
+        st.tuples(st.just("empty")),
+        st.tuples(st.just("setitem"), st.integers(0, 2**16)),
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    ops=write_ops,
+    kind=st.sampled_from(["tensor", "memmap", "lazystack", "tensor2d"]),
+    cls=st.sampled_from(SAMPLERS),
+    keys=st.sampled_from(sorted(KEY_MODES)),
+    capacity=st.integers(4, 48),
+    num_envs=st.integers(1, 3),
+    strict_length=st.booleans(),
+    burn_in=st.sampled_from([0, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_index_equals_full_scan(
+    tmp_path,
+    ops,
+    kind,
+    cls,
+    keys,
+    capacity,
+    num_envs,
+    strict_length,
+    burn_in,
+    seed,
+):
+    """Any sequence of writes: same trajectories, and the same sample, as the full scan."""
+    ndim = 2 if kind == "tensor2d" else 1
+    if ndim == 2:
+        num_envs = max(num_envs, 2)
+        capacity *= num_envs
+    kwargs = {"num_slices": 2, "strict_length": strict_length, "burn_in": burn_in}
+    kwargs.update(KEY_MODES[keys])
+    # hypothesis runs many examples in one test: one scratch folder each
+    scratch = Path(tempfile.mkdtemp(dir=tmp_path))
+    storage = make_storage(kind, scratch / "indexed", capacity)
+    sampler = make_sampler(cls, capacity, **kwargs)
+    rb = ReplayBuffer(storage=storage, sampler=sampler, batch_size=8)
+    # the same writes into a buffer whose sampler always scans the storage
+    reference = make_sampler(cls, capacity, **kwargs)
+    reference._indexed_stop_and_length = lambda storage: None
+    rb_reference = ReplayBuffer(
+        storage=make_storage(kind, scratch / "scanned", capacity),
+        sampler=reference,
+        batch_size=8,
+    )
+    writer = _Writer(ndim, num_envs, keys)
+    for op in ops + [("check",)]:
+        if op[0] == "extend":
+            _, env, steps, ends = op
+            data = writer.data(env % num_envs, steps, ends)
+            rb.extend(data)
+            rb_reference.extend(data)
+        elif op[0] == "empty":
+            rb.empty()
+            rb_reference.empty()
+        elif op[0] == "setitem" and len(rb) and ndim == 1 and kind != "lazystack":
+            row = op[1] % len(rb)
+            rb[row] = rb_reference[(row + 1) % len(rb)]
+            rb_reference[row] = rb_reference[(row + 1) % len(rb)]
+        elif op[0] == "check" and len(rb):
+            try:
+                found = sampler._get_stop_and_length(storage)
+            except (RuntimeError, IndexError) as err:
+                # a layout the full scan rejects: the index steps aside
+                with pytest.raises(type(err)):
+                    _scan(sampler, storage)
+                continue
+            for got, want in zip(found, _scan(sampler, storage)):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+            if cls is PrioritizedSliceSampler:
+                # its sum tree draws from a generator of its own
+                continue
+            torch.manual_seed(seed)
+            try:
+                got = rb.sample()
+            except (RuntimeError, AttributeError) as err:
+                # e.g. no trajectory long enough: the reference raises the same
+                torch.manual_seed(seed)
+                with pytest.raises(type(err)):
+                    rb_reference.sample()
+                continue
+            torch.manual_seed(seed)
+            want = rb_reference.sample()
+            torch.testing.assert_close(got.to_dict(), want.to_dict(), rtol=0, atol=0)
+
+
+def _extend_steps(rb, writer, steps, ends=(), env=0):
+    rb.extend(writer.data(env, steps, list(ends)))
+
+
+@pytest.mark.parametrize("cls", SAMPLERS)
+@pytest.mark.parametrize("kind", ["tensor", "memmap", "tensor2d"])
+@pytest.mark.parametrize("keys", sorted(KEY_MODES))
+class TestIncremental:
+    def test_reads_the_column_once(self, tmp_path, cls, kind, keys):
+        """Samples after writes update the index from the written rows only."""
+        ndim = 2 if kind == "tensor2d" else 1
+        capacity = 200 * (2 if ndim == 2 else 1)
+        storage = make_storage(kind, tmp_path, capacity)
+        sampler = make_sampler(
+            cls, capacity, num_slices=2, strict_length=False, **KEY_MODES[keys]
+        )
+        rb = ReplayBuffer(storage=storage, sampler=sampler, batch_size=8)
+        writer = _Writer(ndim, 2, keys)
+        for i in range(10):
+            _extend_steps(rb, writer, 23, ends=[i % 23, (5 * i) % 23], env=i % 2)
+        rb.sample()
+        builds = sampler._traj_index.builds
+        # wraps around the full storage three times, in writes of 23 steps
+        for i in range(30):
+            _extend_steps(rb, writer, 23, ends=[i % 23, (5 * i) % 23], env=i % 2)
+            rb.sample()
+            _assert_same_trajectories(sampler, storage)
+        assert sampler._traj_index.builds == builds
+
+    def test_empty_and_refill(self, tmp_path, cls, kind, keys):
+        ndim = 2 if kind == "tensor2d" else 1
+        capacity = 60 * (2 if ndim == 2 else 1)
+        storage = make_storage(kind, tmp_path, capacity)
+        sampler = make_sampler(cls, capacity, num_slices=2, **KEY_MODES[keys])
+        rb = ReplayBuffer(storage=storage, sampler=sampler, batch_size=4)
+        writer = _Writer(ndim, 2, keys)
+        _extend_steps(rb, writer, 40, ends=[9, 30])
+        rb.sample()
+        rb.empty()
+        _extend_steps(rb, writer, 40, ends=[3, 17])
+        rb.sample()
+        _assert_same_trajectories(sampler, storage)
+
+
+@pytest.mark.parametrize("cls", SAMPLERS)
+class TestPersistence:
+    def _filled(self, tmp_path, cls, name):
+        storage = make_storage("memmap", tmp_path / name, 100)
+        sampler = make_sampler(cls, 100, num_slices=2)
+        rb = ReplayBuffer(storage=storage, sampler=sampler, batch_size=4)
+        return rb
+
+    def test_state_dict(self, tmp_path, cls):
+        writer = _Writer(1, 1, "auto")
+        rb = self._filled(tmp_path, cls, "a")
+        for _ in range(6):
+            _extend_steps(rb, writer, 30, ends=[7, 21])
+        rb.sample()
+        restored = self._filled(tmp_path, cls, "b")
+        _extend_steps(restored, _Writer(1, 1, "auto"), 50, ends=[3])
+        restored.sample()
+        restored.load_state_dict(rb.state_dict())
+        restored.sample()
+        _assert_same_trajectories(restored._sampler, restored._storage)
+        # writing goes on from the loaded state
+        _extend_steps(restored, writer, 30, ends=[11])
+        restored.sample()
+        _assert_same_trajectories(restored._sampler, restored._storage)
+
+    def test_dumps_loads(self, tmp_path, cls):
+        writer = _Writer(1, 1, "auto")
+        rb = self._filled(tmp_path, cls, "a")
+        for _ in range(5):
+            _extend_steps(rb, writer, 30, ends=[2, 19])
+        rb.sample()
+        rb.dumps(tmp_path / "dump")
+        restored = self._filled(tmp_path, cls, "b")
+        _extend_steps(restored, _Writer(1, 1, "auto"), 50, ends=[3])
+        restored.sample()
+        restored.loads(tmp_path / "dump")
+        restored.sample()
+        _assert_same_trajectories(restored._sampler, restored._storage)
+
+
+class TestWritesOutsideTheBuffer:
+    def test_direct_storage_writes_rebuild_and_warn_once(self):
+        storage = LazyTensorStorage(50)
+        sampler = SliceSampler(num_slices=2)
+        rb = ReplayBuffer(storage=storage, sampler=sampler, batch_size=4)
+        writer = _Writer(1, 1, "auto")
+        for _ in range(3):
+            _extend_steps(rb, writer, 20, ends=[4, 12])
+        rb.sample()
+        data = writer.data(0, 10, [2, 5])
+        storage.set(torch.arange(10), data)
+        with pytest.warns(UserWarning, match="without going through the replay"):
+            rb.sample()
+        _assert_same_trajectories(sampler, storage)
+        storage.set(torch.arange(10, 20), writer.data(0, 10, [6]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rb.sample()
+        _assert_same_trajectories(sampler, storage)
+
+    def test_sampler_without_buffer(self):
+        """A sampler used on its own (no buffer tells it of writes) stays exact."""
+        storage = LazyTensorStorage(40)
+        sampler = SliceSampler(num_slices=2, end_key=("next", "done"))
+        writer = _Writer(1, 1, "end_key")
+        storage.set(torch.arange(30), writer.data(0, 30, [9, 19]))
+        sampler.sample(storage, 4)
+        storage.set(torch.arange(30, 40), writer.data(0, 10, [3]))
+        storage.set(torch.arange(0, 10), writer.data(0, 10, [7]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            sampler.sample(storage, 4)
+        _assert_same_trajectories(sampler, storage)
+
+
+def _make_env():
+    from torchrl.envs import GymEnv
+
+    return GymEnv("CartPole-v1")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+# (a PrioritizedSliceSampler cannot be shared between processes)
+@pytest.mark.parametrize("cls", [SliceSampler, SliceSamplerWithoutReplacement])
+def test_multi_collector_workers_write_into_the_index(mode, cls):
+    """Two worker processes extend the buffer; the main process's index sees every write."""
+    from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
+
+    capacity = 600
+    sampler = make_sampler(cls, capacity, num_slices=4)
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=16
+    )
+    collector_cls = MultiSyncCollector if mode == "sync" else MultiAsyncCollector
+    collector = collector_cls(
+        [_make_env, _make_env],
+        policy=None,
+        frames_per_batch=100,
+        total_frames=1600,
+        replay_buffer=rb,
+        set_truncated=True,
+    )
+    try:
+        with warnings.catch_warnings():
+            # nothing is written behind the index's back
+            warnings.filterwarnings("error", message=".*without going through")
+            for _ in collector:
+                if len(rb) >= 32:
+                    rb.sample()
+                    _assert_same_trajectories(sampler, rb._storage)
+    finally:
+        collector.shutdown()
+    assert rb.write_count >= 1600
+    rb.sample()
+    _assert_same_trajectories(sampler, rb._storage)

@@ -1,0 +1,401 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""An incremental index of the trajectories in a storage, for the slice samplers.
+
+Without it, every :meth:`~torchrl.data.SliceSampler.sample` reads the whole
+trajectory-id (or done) column of the storage and scans it to find where the
+trajectories start and stop: the cost grows with the buffer, not the batch.
+
+:class:`WriteJournal` records which rows of the storage were written, as
+ranges along its first dimension, in memory that every process holding a copy
+of the sampler shares (a worker of a :class:`~torchrl.collectors.MultiCollector`
+writing into the buffer records there too). :class:`TrajectoryIndex` keeps the
+per-row end-of-trajectory flags and the sorted list of trajectory stops, and
+updates them at a sample from the rows written since the previous one: the
+column is read at those rows (and their neighbours) only. It returns exactly
+what the full scan of :class:`~torchrl.data.SliceSampler` returns, and gives
+up (the sampler then scans, as before) whenever it cannot vouch for that.
+"""
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import warnings
+import weakref
+from multiprocessing.context import get_spawning_popen
+from typing import Any
+
+import torch
+from tensordict.utils import NestedKey
+
+from torchrl.data.replay_buffers import _slice_utils
+
+# Ranges the journal holds; a reader that falls further behind rebuilds.
+JOURNAL_SLOTS = 4096
+# A write that touches more separate ranges is recorded as "rebuild".
+_MAX_RUNS = 16
+
+
+def _written_runs(index: Any) -> list[tuple[int, int]] | None:
+    """The ranges ``[start, stop)`` of first-dimension rows that ``index`` covers.
+
+    Returns ``None`` when the index is too scattered (or negative) to be worth
+    recording range by range: the reader then rebuilds.
+    """
+    if isinstance(index, slice):
+        if index.step not in (None, 1) or index.start is None or index.stop is None:
+            return None
+        if index.start < 0 or index.stop < 0:
+            return None
+        return [(int(index.start), int(index.stop))]
+    if isinstance(index, tuple):
+        # an index of a multi-dimensional storage given dimension by dimension
+        index = index[0]
+    if isinstance(index, int) or (isinstance(index, torch.Tensor) and index.ndim == 0):
+        index = int(index)
+        return [(index, index + 1)] if index >= 0 else None
+    rows = torch.as_tensor(index)
+    if rows.ndim > 1:
+        # an index of a multi-dimensional storage, one line per element
+        rows = rows[..., 0]
+    rows = rows.reshape(-1)
+    if not rows.numel():
+        return []
+    lo, hi = (int(v) for v in rows.aminmax())
+    if lo < 0:
+        return None
+    if hi - lo < 2 * rows.numel():
+        # contiguous or nearly so (the common case: a round-robin write)
+        return [(lo, hi + 1)]
+    rows = torch.unique(rows)
+    breaks = (rows[1:] - rows[:-1] > 1).nonzero().squeeze(-1)
+    if breaks.numel() >= _MAX_RUNS:
+        return None
+    starts = torch.cat([rows[:1], rows[breaks + 1]]).tolist()
+    stops = torch.cat([rows[breaks] + 1, rows[-1:] + 1]).tolist()
+    return list(zip(starts, stops))
+
+
+class WriteJournal:
+    """The rows written to a storage, as ranges along its first dimension.
+
+    The ranges live in a ring of :data:`JOURNAL_SLOTS` slots of shared memory
+    (``multiprocessing.RawArray``), so the copies of a sampler sent to other
+    processes (``spawn`` pickles it by handle, ``fork`` inherits it) record
+    into the same journal. Writers are serialized by the replay buffer's write
+    lock (:meth:`~torchrl.data.ReplayBuffer.share`). Pickled outside of
+    process spawning (a copy, a checkpoint), a journal starts anew.
+    """
+
+    def __init__(self, slots: int = JOURNAL_SLOTS):
+        self.slots = slots
+        # [0]: ranges recorded so far, [1]: resets, then (start, stop) pairs
+        self._array = mp.RawArray(ctypes.c_int64, 2 + 2 * slots)
+
+    def record(self, index: Any) -> None:
+        runs = _written_runs(index)
+        array = self._array
+        if runs is None:
+            array[1] += 1
+            return
+        count = array[0]
+        for start, stop in runs:
+            slot = 2 + 2 * (count % self.slots)
+            array[slot] = start
+            array[slot + 1] = stop
+            count += 1
+        array[0] = count
+
+    def reset(self) -> None:
+        """Tells every reader to rebuild (the storage was emptied or replaced)."""
+        self._array[1] += 1
+
+    def state(self) -> tuple[int, int]:
+        array = self._array
+        return array[0], array[1]
+
+    def ranges(self, begin: int, end: int) -> torch.Tensor:
+        """The ranges recorded from the ``begin``-th to the ``end``-th, as ``[n, 2]``."""
+        view = torch.frombuffer(self._array, dtype=torch.int64)[2:].view(-1, 2)
+        return view[torch.arange(begin, end) % self.slots]
+
+    def __getstate__(self):
+        if get_spawning_popen() is None:
+            return {"slots": self.slots}
+        return self.__dict__.copy()
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if "_array" not in state:
+            self._array = mp.RawArray(ctypes.c_int64, 2 + 2 * self.slots)
+
+
+def _merge_sorted(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Merges two sorted, disjoint 1-d tensors into one sorted tensor."""
+    if not b.numel():
+        return a
+    if not a.numel():
+        return b
+    pos = torch.searchsorted(a, b) + torch.arange(b.numel(), device=b.device)
+    out = torch.empty(a.numel() + b.numel(), dtype=a.dtype, device=a.device)
+    from_a = torch.ones(out.numel(), dtype=torch.bool, device=a.device)
+    from_a[pos] = False
+    out[pos] = b
+    out[from_a] = a
+    return out
+
+
+def _insert_missing(keys: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Adds the (sorted) ``new`` keys that ``keys`` (sorted) does not hold."""
+    if keys.numel():
+        pos = torch.searchsorted(keys, new).clamp_max(keys.numel() - 1)
+        new = new[keys[pos] != new]
+    return _merge_sorted(keys, new)
+
+
+def _cursor_row(cursor: Any) -> int | None:
+    """The last written row, read from the storage's cursor like the full scan."""
+    if isinstance(cursor, torch.Tensor):
+        return int(cursor[-1]) if cursor.numel() else None
+    if isinstance(cursor, range):
+        return cursor[-1] if len(cursor) else None
+    if isinstance(cursor, int):
+        return cursor
+    return None
+
+
+class TrajectoryIndex:
+    """Trajectory stops of one storage, updated from a :class:`WriteJournal`.
+
+    Keeps, for the rows ``[0, len)`` along the first dimension, whether each
+    row ends a trajectory on its own data (its trajectory id differs from the
+    next row's, or its done flag is set), and the sorted list of those rows
+    (for a storage of more than one dimension, sorted the way the full scan
+    lists them: by the other dimensions first, then time). The ends that the
+    full scan forces (the last written row, the last row of a column without
+    any end) are added when the start/stop tensors are derived.
+    """
+
+    def __init__(self):
+        self._storage = None
+        self._warned = False
+        # full reads of the column so far (one, unless the index was reset)
+        self.builds = 0
+
+    def stop_and_length(
+        self,
+        sampler,
+        storage,
+        journal: WriteJournal,
+        *,
+        fetch_traj: bool,
+        key: NestedKey,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Start, stop and length of every trajectory, or ``None`` to scan."""
+        from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
+
+        if isinstance(storage, TensorStorage):
+            if not storage.initialized:
+                return None
+            length = storage._len_along_dim0
+            shape = storage._total_shape
+        elif isinstance(storage, ListStorage):
+            length = len(storage)
+            shape = None
+        else:
+            return None
+        if not length:
+            return None
+        count, resets = journal.state()
+        cursor = getattr(storage, "_last_cursor", None)
+        current = (
+            self._storage is not None
+            and self._storage() is storage
+            and self._ident == (fetch_traj, key)
+            and self._resets == resets
+            and length >= self._length
+            and count - self._read <= journal.slots
+        )
+        if current and count == self._read and cursor is not self._cursor:
+            # the storage was written without the journal hearing of it
+            current = False
+            if count and not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"{type(sampler).__name__}: the storage was written to "
+                    "without going through the replay buffer (e.g. a direct "
+                    "Storage.set), so the sampler's trajectory index could not "
+                    "be updated from the written rows and was rebuilt from a "
+                    "full scan of the storage, whose cost grows with the "
+                    "buffer. Write through ReplayBuffer.extend, add or "
+                    "__setitem__ to keep sampling in O(batch).",
+                    category=UserWarning,
+                    stacklevel=4,
+                )
+        if not current:
+            if not self._build(storage, length, shape, fetch_traj, key):
+                self._storage = None
+                return None
+            self._read, self._resets = count, resets
+        elif count != self._read or length != self._length:
+            runs = journal.ranges(self._read, count)
+            self._read = count
+            if not self._update(storage, runs, length):
+                if not self._build(storage, length, shape, fetch_traj, key):
+                    self._storage = None
+                    return None
+        self._cursor = cursor
+        return self._derive(sampler, storage, length, cursor)
+
+    # building and updating the per-row flags and the stop keys
+    def _read_ends(self, storage, rows: torch.Tensor | None, length: int):
+        """End flags of ``rows`` (all rows when ``None``) from the storage data."""
+        rest = self._rest
+        if rows is None:
+            column = _slice_utils.read_full_column(storage, self._ident[1])
+            if not self._ident[0]:
+                column = column.squeeze()
+            if column.shape != torch.Size([length, *rest]):
+                return None
+            if self._ident[0]:
+                return torch.cat([column[:-1] != column[1:], column[-1:] != column[:1]])
+            return column != 0
+        if self._ident[0]:
+            reader = _slice_utils._ColumnReader(
+                storage, torch.cat([rows, (rows + 1) % length])
+            )
+        else:
+            reader = _slice_utils._ColumnReader(storage, rows)
+        values = reader.get(self._ident[1])
+        if values is None:
+            return None
+        if self._ident[0]:
+            if values.shape[1:] != rest:
+                return None
+            return values[: rows.numel()] != values[rows.numel() :]
+        if values.numel() != rows.numel() * rest.numel():
+            return None
+        return values.reshape(rows.numel(), *rest) != 0
+
+    def _keys(self, ends: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """Sorted keys of the set flags in ``ends`` (one line per row of ``rows``)."""
+        if ends.ndim == 1:
+            found = ends.nonzero().squeeze(-1)
+            return found if rows is None else rows[found]
+        found = ends.transpose(0, -1).nonzero()
+        time = found[:, -1] if rows is None else rows[found[:, -1]]
+        key = torch.zeros_like(time)
+        for dim, size in zip(found.unbind(-1)[:-1], self._tshape[:-1]):
+            key = key * size + dim
+        return key * self._tshape[-1] + time
+
+    def _key_rows(self, keys: torch.Tensor) -> torch.Tensor:
+        return keys if len(self._tshape) == 1 else keys % self._tshape[-1]
+
+    def _build(self, storage, length, shape, fetch_traj, key) -> bool:
+        self._ident = (fetch_traj, key)
+        self._rest = torch.Size(shape[1:]) if shape is not None else torch.Size([])
+        capacity = shape[0] if shape is not None else max(2 * length, 16)
+        rest = self._rest
+        # the order in which the full scan lists stops: transpose(0, -1)
+        self._tshape = (rest[-1], *rest[:-1], capacity) if len(rest) else (capacity,)
+        try:
+            ends = self._read_ends(storage, None, length)
+        except (KeyError, TypeError, RuntimeError, IndexError, ValueError):
+            # the full scan reports what is wrong
+            return False
+        if ends is None:
+            return False
+        self._ends = torch.zeros(
+            (capacity, *rest), dtype=torch.bool, device=ends.device
+        )
+        self._ends[:length] = ends
+        self._stops = self._keys(ends, None)
+        self._storage = weakref.ref(storage)
+        self._length = length
+        self.builds += 1
+        self._version = getattr(self, "_version", 0) + 1
+        self._derived_key = None
+        return True
+
+    def _update(self, storage, runs: torch.Tensor, length: int) -> bool:
+        device = self._ends.device
+        sizes = runs[:, 1] - runs[:, 0]
+        if int(sizes.sum()) >= length:
+            return False
+        rows = torch.repeat_interleave(runs[:, 0], sizes)
+        rows = (
+            rows
+            + torch.arange(rows.numel())
+            - torch.repeat_interleave(sizes.cumsum(0) - sizes, sizes)
+        )
+        if length != self._length:
+            # rows that became part of the storage, and the one before them
+            rows = torch.cat([rows, torch.arange(max(self._length - 1, 0), length)])
+        rows = rows[rows < length]
+        if self._ident[0]:
+            # a row's end flag depends on the next row's trajectory id
+            rows = torch.cat([rows, (rows - 1) % length])
+        rows = torch.unique(rows).to(device)
+        if 2 * rows.numel() > length:
+            return False
+        if length > self._ends.shape[0]:
+            if len(self._tshape) > 1:
+                return False
+            grown = torch.zeros(2 * length, dtype=torch.bool, device=device)
+            grown[: self._ends.shape[0]] = self._ends
+            self._ends = grown
+            self._tshape = (2 * length,)
+        try:
+            ends = self._read_ends(storage, rows, length)
+        except (KeyError, TypeError, RuntimeError, IndexError, ValueError):
+            # the full scan reports what is wrong
+            return False
+        if ends is None:
+            return False
+        stops = self._stops
+        if stops.numel():
+            stop_rows = self._key_rows(stops)
+            pos = torch.searchsorted(rows, stop_rows).clamp_max(rows.numel() - 1)
+            stops = stops[rows[pos] != stop_rows]
+        self._ends[rows] = ends
+        self._stops = _merge_sorted(stops, self._keys(ends, rows))
+        self._length = length
+        self._version += 1
+        return True
+
+    def _derive(self, sampler, storage, length, cursor):
+        full = storage._is_full
+        row = _cursor_row(cursor) if full and cursor is not None else None
+        if full and cursor is not None and row is None:
+            return None
+        derived_key = (self._version, length, full, row)
+        if derived_key == self._derived_key:
+            return self._derived
+        keys = self._stops
+        ncols = self._rest.numel()
+        cols = torch.arange(ncols, device=keys.device)
+        step = self._tshape[-1]
+        forced = length - 1 if not full else row
+        if not full and length == 1 and self._ident[0]:
+            # like the full scan: a single row of trajectory ids has no end
+            forced = None
+        if forced is not None:
+            keys = _insert_missing(keys, cols * step + forced)
+        if full and len(self._tshape) > 1:
+            present = torch.zeros(ncols, dtype=torch.bool, device=keys.device)
+            present[keys // step] = True
+            if not present.all():
+                keys = _insert_missing(keys, cols[~present] * step + length - 1)
+        elif full and not keys.numel():
+            keys = torch.tensor([length - 1], device=keys.device)
+        if len(self._tshape) > 1:
+            stop_idx = torch.stack(torch.unravel_index(keys, self._tshape), -1)
+            stop_idx[:, [0, -1]] = stop_idx[:, [-1, 0]].clone()
+        else:
+            stop_idx = keys.unsqueeze(-1)
+        self._derived = sampler._stops_to_start_stop(stop_idx, length)
+        self._derived_key = derived_key
+        return self._derived
