@@ -118,13 +118,16 @@ class WriteJournal:
 
     def ranges(self, begin: int, end: int) -> torch.Tensor:
         """The ranges recorded from the ``begin``-th to the ``end``-th, as ``[n, 2]``."""
-        view = torch.frombuffer(self._array, dtype=torch.int64)[2:].view(-1, 2)
-        return view[torch.arange(begin, end) % self.slots]
+        view = self.__dict__.get("_view")
+        if view is None:
+            view = self._view = torch.frombuffer(self._array, dtype=torch.int64)
+        slots = torch.arange(begin, end) % self.slots
+        return view[2:].view(-1, 2)[slots]
 
     def __getstate__(self):
         if get_spawning_popen() is None:
             return {"slots": self.slots}
-        return self.__dict__.copy()
+        return {"slots": self.slots, "_array": self._array}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -249,35 +252,37 @@ class TrajectoryIndex:
         self._cursor = cursor
         return self._derive(sampler, storage, length, cursor)
 
+    def derived_key(self):
+        """Identifies the state the last start/stop tensors were derived from."""
+        return getattr(self, "_derived_key", None)
+
+    def derived_lengths(self) -> torch.Tensor | None:
+        """The lengths tensor of the last start/stop/length tensors returned."""
+        derived = getattr(self, "_derived", None)
+        return None if derived is None else derived[2]
+
     # building and updating the per-row flags and the stop keys
-    def _read_ends(self, storage, rows: torch.Tensor | None, length: int):
-        """End flags of ``rows`` (all rows when ``None``) from the storage data."""
-        rest = self._rest
-        if rows is None:
-            column = _slice_utils.read_full_column(storage, self._ident[1])
-            if not self._ident[0]:
-                column = column.squeeze()
-            if column.shape != torch.Size([length, *rest]):
-                return None
-            if self._ident[0]:
-                return torch.cat([column[:-1] != column[1:], column[-1:] != column[:1]])
-            return column != 0
+    def _read_all_ends(self, storage, length: int) -> torch.Tensor | None:
+        """End flags of every row, read like the full scan reads the column."""
+        column = _slice_utils.read_full_column(storage, self._ident[1])
+        if not self._ident[0]:
+            column = column.squeeze()
+        if column.shape != torch.Size([length, *self._rest]):
+            return None
         if self._ident[0]:
-            reader = _slice_utils._ColumnReader(
-                storage, torch.cat([rows, (rows + 1) % length])
-            )
-        else:
-            reader = _slice_utils._ColumnReader(storage, rows)
-        values = reader.get(self._ident[1])
+            return torch.cat([column[:-1] != column[1:], column[-1:] != column[:1]])
+        return column != 0
+
+    def _read_values(self, storage, rows: torch.Tensor) -> torch.Tensor | None:
+        """Trajectory ids (or done flags, as booleans) at ``rows``."""
+        values = _slice_utils._ColumnReader(storage, rows).get(self._ident[1])
         if values is None:
             return None
         if self._ident[0]:
-            if values.shape[1:] != rest:
-                return None
-            return values[: rows.numel()] != values[rows.numel() :]
-        if values.numel() != rows.numel() * rest.numel():
+            return values if values.shape[1:] == self._rest else None
+        if values.numel() != rows.numel() * self._rest.numel():
             return None
-        return values.reshape(rows.numel(), *rest) != 0
+        return values.reshape(rows.numel(), *self._rest) != 0
 
     def _keys(self, ends: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """Sorted keys of the set flags in ``ends`` (one line per row of ``rows``)."""
@@ -302,7 +307,7 @@ class TrajectoryIndex:
         # the order in which the full scan lists stops: transpose(0, -1)
         self._tshape = (rest[-1], *rest[:-1], capacity) if len(rest) else (capacity,)
         try:
-            ends = self._read_ends(storage, None, length)
+            ends = self._read_all_ends(storage, length)
         except (KeyError, TypeError, RuntimeError, IndexError, ValueError):
             # the full scan reports what is wrong
             return False
@@ -320,27 +325,39 @@ class TrajectoryIndex:
         self._derived_key = None
         return True
 
-    def _update(self, storage, runs: torch.Tensor, length: int) -> bool:
-        device = self._ends.device
-        sizes = runs[:, 1] - runs[:, 0]
-        if int(sizes.sum()) >= length:
-            return False
-        rows = torch.repeat_interleave(runs[:, 0], sizes)
-        rows = (
-            rows
-            + torch.arange(rows.numel())
-            - torch.repeat_interleave(sizes.cumsum(0) - sizes, sizes)
-        )
+    def _intervals(self, runs: torch.Tensor, length: int) -> list[list[int]]:
+        """The sorted, disjoint row intervals whose end flags may have changed."""
+        intervals = runs.tolist()
         if length != self._length:
             # rows that became part of the storage, and the one before them
-            rows = torch.cat([rows, torch.arange(max(self._length - 1, 0), length)])
-        rows = rows[rows < length]
-        if self._ident[0]:
-            # a row's end flag depends on the next row's trajectory id
-            rows = torch.cat([rows, (rows - 1) % length])
-        rows = torch.unique(rows).to(device)
-        if 2 * rows.numel() > length:
-            return False
+            intervals.append([max(self._length - 1, 0), length])
+        spans = []
+        for start, stop in intervals:
+            start, stop = min(start, length), min(stop, length)
+            if start >= stop:
+                continue
+            if self._ident[0]:
+                # a row's end flag depends on the next row's trajectory id
+                if start == 0:
+                    spans.append([length - 1, length])
+                else:
+                    start -= 1
+            spans.append([start, stop])
+        spans.sort()
+        merged = []
+        for start, stop in spans:
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], stop)
+            else:
+                merged.append([start, stop])
+        return merged
+
+    def _update(self, storage, runs: torch.Tensor, length: int) -> bool:
+        device = self._ends.device
+        spans = self._intervals(runs, length)
+        sizes = [stop - start for start, stop in spans]
+        if 2 * sum(sizes) > length:
+            return False  # a build costs less
         if length > self._ends.shape[0]:
             if len(self._tshape) > 1:
                 return False
@@ -348,23 +365,54 @@ class TrajectoryIndex:
             grown[: self._ends.shape[0]] = self._ends
             self._ends = grown
             self._tshape = (2 * length,)
+        if self._ident[0]:
+            # each span's rows and the row after the last one (wrapping)
+            read = [torch.arange(a, b + 1, device=device) % length for a, b in spans]
+        else:
+            read = [torch.arange(a, b, device=device) for a, b in spans]
+        rows = read[0] if len(read) == 1 else torch.cat(read)
         try:
-            ends = self._read_ends(storage, rows, length)
+            values = self._read_values(storage, rows)
         except (KeyError, TypeError, RuntimeError, IndexError, ValueError):
             # the full scan reports what is wrong
             return False
-        if ends is None:
+        if values is None:
             return False
-        stops = self._stops
-        if stops.numel():
-            stop_rows = self._key_rows(stops)
-            pos = torch.searchsorted(rows, stop_rows).clamp_max(rows.numel() - 1)
-            stops = stops[rows[pos] != stop_rows]
-        self._ends[rows] = ends
-        self._stops = _merge_sorted(stops, self._keys(ends, rows))
+        ends = self._read_span_ends(values, sizes)
+        if len(self._tshape) == 1:
+            # one column: the stops of each span are a contiguous block
+            bounds = torch.tensor([x for span in spans for x in span], device=device)
+            pos = torch.searchsorted(self._stops, bounds).tolist()
+            pieces, offset, prev = [], 0, 0
+            for (start, stop), size, i in zip(spans, sizes, range(0, len(pos), 2)):
+                pieces.append(self._stops[prev : pos[i]])
+                span_ends = ends[offset : offset + size]
+                self._ends[start:stop] = span_ends
+                pieces.append(span_ends.nonzero().squeeze(-1) + start)
+                offset += size
+                prev = pos[i + 1]
+            pieces.append(self._stops[prev:])
+            self._stops = torch.cat(pieces)
+        else:
+            rows = torch.cat([torch.arange(a, b, device=device) for a, b in spans])
+            stops = self._stops
+            if stops.numel():
+                stop_rows = self._key_rows(stops)
+                pos = torch.searchsorted(rows, stop_rows).clamp_max(rows.numel() - 1)
+                stops = stops[rows[pos] != stop_rows]
+            self._ends[rows] = ends
+            self._stops = _merge_sorted(stops, self._keys(ends, rows))
         self._length = length
         self._version += 1
         return True
+
+    def _read_span_ends(self, values: torch.Tensor, sizes: list[int]):
+        """End flags from the values read for spans of rows (and their next rows)."""
+        if not self._ident[0]:
+            return values
+        chunks = torch.split(values, [size + 1 for size in sizes])
+        ends = [chunk[:-1] != chunk[1:] for chunk in chunks]
+        return ends[0] if len(ends) == 1 else torch.cat(ends)
 
     def _derive(self, sampler, storage, length, cursor):
         full = storage._is_full
@@ -374,28 +422,47 @@ class TrajectoryIndex:
         derived_key = (self._version, length, full, row)
         if derived_key == self._derived_key:
             return self._derived
-        keys = self._stops
-        ncols = self._rest.numel()
-        cols = torch.arange(ncols, device=keys.device)
-        step = self._tshape[-1]
         forced = length - 1 if not full else row
         if not full and length == 1 and self._ident[0]:
             # like the full scan: a single row of trajectory ids has no end
             forced = None
+        if len(self._tshape) == 1:
+            self._derived = self._derive_one_column(forced, full, length)
+        else:
+            self._derived = self._derive_columns(sampler, forced, full, length)
+        self._derived_key = derived_key
+        return self._derived
+
+    def _derive_one_column(self, forced, full, length):
+        # What SliceSampler._stops_to_start_stop computes for a single column:
+        # each trajectory starts after the previous stop, the first one after
+        # the last stop (across the end of a circular storage).
+        stops = self._stops
+        if forced is not None:
+            pos = int(torch.searchsorted(stops, forced))
+            if pos == stops.numel() or int(stops[pos]) != forced:
+                stops = torch.cat(
+                    [stops[:pos], stops.new_tensor([forced]), stops[pos:]]
+                )
+        if full and not stops.numel():
+            stops = stops.new_tensor([length - 1])
+        starts = torch.roll((stops + 1) % length, 1)
+        lengths = stops - starts + 1
+        lengths = torch.where(lengths <= 0, lengths + length, lengths)
+        return starts.unsqueeze(-1), stops.unsqueeze(-1), lengths
+
+    def _derive_columns(self, sampler, forced, full, length):
+        keys = self._stops
+        ncols = self._rest.numel()
+        cols = torch.arange(ncols, device=keys.device)
+        step = self._tshape[-1]
         if forced is not None:
             keys = _insert_missing(keys, cols * step + forced)
-        if full and len(self._tshape) > 1:
+        if full:
             present = torch.zeros(ncols, dtype=torch.bool, device=keys.device)
             present[keys // step] = True
             if not present.all():
                 keys = _insert_missing(keys, cols[~present] * step + length - 1)
-        elif full and not keys.numel():
-            keys = torch.tensor([length - 1], device=keys.device)
-        if len(self._tshape) > 1:
-            stop_idx = torch.stack(torch.unravel_index(keys, self._tshape), -1)
-            stop_idx[:, [0, -1]] = stop_idx[:, [-1, 0]].clone()
-        else:
-            stop_idx = keys.unsqueeze(-1)
-        self._derived = sampler._stops_to_start_stop(stop_idx, length)
-        self._derived_key = derived_key
-        return self._derived
+        stop_idx = torch.stack(torch.unravel_index(keys, self._tshape), -1)
+        stop_idx[:, [0, -1]] = stop_idx[:, [-1, 0]].clone()
+        return sampler._stops_to_start_stop(stop_idx, length)
