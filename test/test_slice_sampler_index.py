@@ -122,7 +122,7 @@ write_ops = st.lists(
 
 
 @settings(
-    max_examples=60,
+    max_examples=150,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
@@ -136,6 +136,8 @@ write_ops = st.lists(
     num_envs=st.integers(1, 3),
     strict_length=st.booleans(),
     burn_in=st.sampled_from([0, 2]),
+    span=st.sampled_from([False, True, (True, False), (False, True)]),
+    pad_output=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_index_equals_full_scan(
@@ -148,6 +150,8 @@ def test_index_equals_full_scan(
     num_envs,
     strict_length,
     burn_in,
+    span,
+    pad_output,
     seed,
 ):
     """Any sequence of writes: same trajectories, and the same sample, as the full scan."""
@@ -155,7 +159,14 @@ def test_index_equals_full_scan(
     if ndim == 2:
         num_envs = max(num_envs, 2)
         capacity *= num_envs
-    kwargs = {"num_slices": 2, "strict_length": strict_length, "burn_in": burn_in}
+    kwargs = {
+        "num_slices": 2,
+        "strict_length": strict_length,
+        "burn_in": burn_in,
+        "pad_output": pad_output and not strict_length,
+    }
+    if cls is not SliceSamplerWithoutReplacement:
+        kwargs["span"] = span
     kwargs.update(KEY_MODES[keys])
     # hypothesis runs many examples in one test: one scratch folder each
     scratch = Path(tempfile.mkdtemp(dir=tmp_path))
