@@ -317,8 +317,11 @@ class TestWritesOutsideTheBuffer:
         rb.sample()
         data = writer.data(0, 10, [2, 5])
         storage.set(torch.arange(10), data)
-        with pytest.warns(UserWarning, match="without going through the replay"):
+        with pytest.warns(
+            UserWarning, match="without going through the replay"
+        ) as record:
             rb.sample()
+        assert record[0].filename == __file__
         _assert_same_trajectories(sampler, storage)
         storage.set(torch.arange(10, 20), writer.data(0, 10, [6]))
         with warnings.catch_warnings():

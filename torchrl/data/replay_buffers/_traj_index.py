@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from tensordict.utils import NestedKey
 
+from torchrl._user_stacklevel import _user_stacklevel
 from torchrl.data.replay_buffers import _slice_utils
 
 # Ranges the journal holds; a reader that falls further behind rebuilds.
@@ -235,7 +236,7 @@ class TrajectoryIndex:
                     "buffer. Write through ReplayBuffer.extend, add or "
                     "__setitem__ to keep sampling in O(batch).",
                     category=UserWarning,
-                    stacklevel=4,
+                    stacklevel=_user_stacklevel(),
                 )
         if not current:
             if not self._build(storage, length, shape, fetch_traj, key):
