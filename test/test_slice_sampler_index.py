@@ -329,6 +329,21 @@ class TestWritesOutsideTheBuffer:
             rb.sample()
         _assert_same_trajectories(sampler, storage)
 
+    def test_more_writes_than_the_journal_holds(self):
+        """More writes between two samples than the journal keeps: a rebuild."""
+        from torchrl.data.replay_buffers._traj_index import JOURNAL_SLOTS
+
+        storage = LazyTensorStorage(JOURNAL_SLOTS * 4)
+        sampler = SliceSampler(num_slices=2)
+        rb = ReplayBuffer(storage=storage, sampler=sampler, batch_size=4)
+        writer = _Writer(1, 1, "auto")
+        _extend_steps(rb, writer, 50, ends=[10, 30])
+        rb.sample()
+        for i in range(JOURNAL_SLOTS + 10):
+            rb.add(writer.data(0, 1, [0] if i % 7 == 0 else [])[0])
+        rb.sample()
+        _assert_same_trajectories(sampler, storage)
+
     def test_sampler_without_buffer(self):
         """A sampler used on its own (no buffer tells it of writes) stays exact."""
         storage = LazyTensorStorage(40)
