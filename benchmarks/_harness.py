@@ -81,15 +81,25 @@ def main(
             sys.exit(f"{path} is missing: run `make sync` first")
     results = {side: _run_side(script, side, extra) for side in SIDES}
     print(title)
+    print_table(results, ratio_columns)
+
+
+def print_table(
+    results: dict,
+    columns: list[str],
+    first: str = "mode",
+    fmt: Callable[[str, float], str] = lambda column, value: f"{value:.3f}",
+) -> None:
+    """Prints ``{side: {row: {column: value}}}`` with the sides next to each other."""
     rows = list(results["fork"])
-    header = ["mode"] + [f"{side} {col}" for col in ratio_columns for side in SIDES]
+    header = [first] + [f"{side} {col}" for col in columns for side in SIDES]
     table = [header]
     for row in rows:
         line = [row]
-        for col in ratio_columns:
+        for col in columns:
             for side in SIDES:
                 value = results[side].get(row, {}).get(col)
-                line.append("n/a" if value is None else f"{value:.3f}")
+                line.append("n/a" if value is None else fmt(col, value))
         table.append(line)
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import _run_side, SIDES  # noqa: E402
+from _harness import _run_side, print_table, SIDES  # noqa: E402
 
 TRAJ_LEN = 200
 NUM_SLICES = 64
@@ -185,18 +185,12 @@ def _shift(data, start: int, with_ids: bool):
 
 def _report(results: dict) -> None:
     rows = list(results["fork"])
-    header = ["buffer"] + [f"{side} {col}" for col in COLUMNS for side in SIDES]
-    table = [header]
-    for row in rows:
-        line = [row]
-        for col in COLUMNS:
-            for side in SIDES:
-                value = results[side][row][col]
-                line.append(f"{value:.0f}" if " us" in col else f"{value:.2f}")
-        table.append(line)
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    for r in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)))
+    print_table(
+        results,
+        COLUMNS,
+        first="buffer",
+        fmt=lambda col, value: f"{value:.0f}" if " us" in col else f"{value:.2f}",
+    )
     print()
     print(
         "growth from 10k rows to the largest size (sample: rb.sample(); gather: "
