@@ -268,22 +268,26 @@ class TestIncremental:
 
 @pytest.mark.parametrize("cls", SAMPLERS)
 class TestPersistence:
-    def _filled(self, tmp_path, cls, name):
+    def _buffer(self, tmp_path, cls, name):
         storage = make_storage("memmap", tmp_path / name, 100)
         sampler = make_sampler(cls, 100, num_slices=2)
-        rb = ReplayBuffer(storage=storage, sampler=sampler, batch_size=4)
-        return rb
+        return ReplayBuffer(storage=storage, sampler=sampler, batch_size=4)
+
+    def _saved_and_other(self, tmp_path, cls, writer):
+        """A buffer written past its capacity, and another one already sampled."""
+        saved = self._buffer(tmp_path, cls, "saved")
+        for i in range(6):
+            _extend_steps(saved, writer, 30, ends=[7 + i, 21])
+        saved.sample()
+        other = self._buffer(tmp_path, cls, "other")
+        _extend_steps(other, _Writer(1, 1, "auto"), 50, ends=[3])
+        other.sample()
+        return saved, other
 
     def test_state_dict(self, tmp_path, cls):
         writer = _Writer(1, 1, "auto")
-        rb = self._filled(tmp_path, cls, "a")
-        for _ in range(6):
-            _extend_steps(rb, writer, 30, ends=[7, 21])
-        rb.sample()
-        restored = self._filled(tmp_path, cls, "b")
-        _extend_steps(restored, _Writer(1, 1, "auto"), 50, ends=[3])
-        restored.sample()
-        restored.load_state_dict(rb.state_dict())
+        saved, restored = self._saved_and_other(tmp_path, cls, writer)
+        restored.load_state_dict(saved.state_dict())
         restored.sample()
         _assert_same_trajectories(restored._sampler, restored._storage)
         # writing goes on from the loaded state
@@ -293,14 +297,8 @@ class TestPersistence:
 
     def test_dumps_loads(self, tmp_path, cls):
         writer = _Writer(1, 1, "auto")
-        rb = self._filled(tmp_path, cls, "a")
-        for _ in range(5):
-            _extend_steps(rb, writer, 30, ends=[2, 19])
-        rb.sample()
-        rb.dumps(tmp_path / "dump")
-        restored = self._filled(tmp_path, cls, "b")
-        _extend_steps(restored, _Writer(1, 1, "auto"), 50, ends=[3])
-        restored.sample()
+        saved, restored = self._saved_and_other(tmp_path, cls, writer)
+        saved.dumps(tmp_path / "dump")
         restored.loads(tmp_path / "dump")
         restored.sample()
         _assert_same_trajectories(restored._sampler, restored._storage)
