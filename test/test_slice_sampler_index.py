@@ -391,7 +391,9 @@ def test_multi_collector_workers_write_into_the_index(mode, cls):
             for _ in collector:
                 if len(rb) >= 32:
                     rb.sample()
-                    _assert_same_trajectories(sampler, rb._storage)
+                    # the workers go on writing: compare under the buffer's lock
+                    with rb._write_lock:
+                        _assert_same_trajectories(sampler, rb._storage)
     finally:
         collector.shutdown()
     assert rb.write_count >= 1600
