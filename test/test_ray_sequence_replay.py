@@ -299,6 +299,37 @@ class TestPolicyTransforms:
         assert "ray" not in type(info.value).__module__
 
 
+class TestBufferConstruction:
+    @pytest.mark.parametrize(
+        "kwargs,error,match",
+        [
+            (
+                {"storage": functools.partial(LazyTensorStorage, 100, device="nope")},
+                RuntimeError,
+                "device string.*nope",
+            ),
+            (
+                {"sampler": functools.partial(SliceSampler, slice_len=4, num_slices=2)},
+                TypeError,
+                "Either num_slices or slice_len",
+            ),
+        ],
+        ids=["storage", "sampler"],
+    )
+    def test_constructor_error_is_raised_as_itself(self, kwargs, error, match):
+        before = ray.available_resources().get("CPU", 0)
+        with pytest.raises(error, match=match) as info:
+            RayReplayBuffer(remote_config=REMOTE, **kwargs)
+        assert type(info.value) is error
+        assert "Traceback" in str(info.value.__cause__)
+        from _ray_helpers import wait_until
+
+        # the actor that failed is gone, with the CPU it held
+        assert wait_until(
+            lambda: ray.available_resources().get("CPU", 0) >= before, timeout=30
+        )
+
+
 class TestResources:
     def test_unplaceable_collectors_raise(self):
         rb = RayReplayBuffer(remote_config={"num_cpus": 1, "memory": None})
