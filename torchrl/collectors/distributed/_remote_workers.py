@@ -5,7 +5,8 @@
 """What the distributed collectors add to their remote collectors.
 
 The remote collectors of every distributed collector number their
-trajectories ``worker_idx + k * num_workers`` (:func:`_traj_ids_worker_class`).
+trajectories ``worker_idx + k * num_workers`` (:func:`_traj_ids_worker_class`;
+on RPC nodes :func:`_build_with_traj_ids_layout`).
 Each remote collector of :class:`~torchrl.collectors.distributed.RayCollector`
 is an actor of a subclass of the collector class (see
 :func:`_ray_worker_class`) that
@@ -107,15 +108,40 @@ class _TrajIdsLayoutMixin:
         **kwargs,
     ):
         if traj_ids_layout is not None:
-            offset, stride = traj_ids_layout
-            if isinstance(self, MultiCollector):
-                # read by MultiCollector when it makes the pool its workers share
-                self._traj_pool_layout = {"offset": offset, "stride": stride}
-            else:
-                kwargs.setdefault(
-                    "traj_pool", _TrajectoryPool(offset=offset, stride=stride)
-                )
+            kwargs = _apply_traj_ids_layout(self, traj_ids_layout, kwargs)
         super().__init__(*args, **kwargs)
+
+
+def _apply_traj_ids_layout(
+    collector, traj_ids_layout: tuple[int, int], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """Makes ``collector``, before its ``__init__``, number its trajectories ``i + k * n``.
+
+    Returns the keyword arguments to build it with.
+    """
+    offset, stride = traj_ids_layout
+    if isinstance(collector, MultiCollector):
+        # read by MultiCollector when it makes the pool its workers share
+        collector._traj_pool_layout = {"offset": offset, "stride": stride}
+        return kwargs
+    return {"traj_pool": _TrajectoryPool(offset=offset, stride=stride), **kwargs}
+
+
+def _build_with_traj_ids_layout(
+    collector_class: type, traj_ids_layout: tuple[int, int], *args, **kwargs
+):
+    """``collector_class(*args, **kwargs)``, numbering its trajectories ``i + k * n``.
+
+    What an RPC node builds. The collector is an instance of ``collector_class``
+    itself, not of :func:`_traj_ids_worker_class`: RPC pickles classes by
+    reference (by module and name), and the proxy of the collector's ``RRef``
+    asks the node for the type of the collector before each call, which a
+    class made at run time cannot be found by.
+    """
+    collector = collector_class.__new__(collector_class)
+    kwargs = _apply_traj_ids_layout(collector, traj_ids_layout, kwargs)
+    collector.__init__(*args, **kwargs)
+    return collector
 
 
 @functools.lru_cache(maxsize=None)
