@@ -382,6 +382,17 @@ def main(argv=None) -> None:
             f"({', '.join(f'{r:.2f}' for r in ratios)})"
         )
 
+    sync = collection["RayCollector sync"]
+    for name, label in (
+        ("RayCollector -> RayReplayBuffer", "now"),
+        ("  (lazy stacks, as before)", "before"),
+    ):
+        ratios = [fps / b for fps, b in zip(collection[name], sync)]
+        print(
+            f"  writing into the buffer ({label}) against returning batches "
+            f"(RayCollector sync): x{statistics.median(ratios):.2f}"
+        )
+
     fpb = args.frames_per_batch // 2
     print(
         f"\nwhere a worker's time goes, per {fpb}-frame batch written into a "
