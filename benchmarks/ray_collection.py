@@ -6,14 +6,25 @@
 
 Collection: frames per second of 2 workers stepping CartPole with the same
 LSTM policy (the env completed by the collector:
-``auto_register_policy_transforms=True``), after a warm-up batch:
+``auto_register_policy_transforms=True``), after a warm-up batch, the median
+of ``--repeats`` rounds (each round builds every collector once, in turn):
 
 - ``MultiSyncCollector`` / ``MultiAsyncCollector``: 2 worker processes, batches
   through shared memory;
 - ``RayCollector sync`` / ``async``: 2 Ray actors, batches returned to the
   driver through Ray's object store;
 - ``RayCollector -> RayReplayBuffer``: the actors write into a buffer actor and
-  return nothing.
+  return nothing; ``(lazy stacks, as before)`` sends each batch to the buffer
+  actor as the collector builds it, a lazy stack of its steps, which is what
+  ``RayReplayBuffer.extend`` did before it stacked them densely (pristine
+  upstream cannot run on the current Ray, so the old transport is replayed by a
+  subclass in the same run).
+
+Where the time of a worker writing into the buffer goes: one collector (what
+each actor runs) writing into a ``RayReplayBuffer``, in the driver, each
+``extend`` timed in its parts: stacking the steps, sending (Ray pickles the
+batch and submits the call), waiting for the actor (it unpickles and writes);
+with the number of tensors and of actor calls per batch, for both transports.
 
 Sampling: the median time of one ``sample()`` of 16 slices of 16 steps
 (``SliceSampler``, no key argument) from the same 20k collected frames, in a
@@ -21,15 +32,14 @@ local :class:`~torchrl.data.ReplayBuffer` and through a
 :class:`~torchrl.data.RayReplayBuffer`, and where the difference goes: an empty
 call to the actor (Ray's round trip), and moving one sample through Ray's
 object store (``ray.put`` then ``ray.get``: its serialization); and the
-``extend()`` of a 200-frame batch, locally and into the buffer actor (what a
-collector writing into a ``RayReplayBuffer`` waits for at every batch).
+``extend()`` of a 200-frame batch, locally and into the buffer actor.
 
-Prints the numbers and the ratios; Ray's side is slower where it serializes,
-see the last column. Run ``python benchmarks/ray_collection.py --help``.
+Prints the numbers and the ratios. Run ``python benchmarks/ray_collection.py --help``.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import os
 import statistics
@@ -37,11 +47,13 @@ import time
 
 import ray
 import torch
+from tensordict import LazyStackedTensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 
-from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
+from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
 from torchrl.collectors.distributed import RayCollector
 from torchrl.data import LazyTensorStorage, RayReplayBuffer, ReplayBuffer, SliceSampler
+from torchrl.data.replay_buffers.ray_buffer import _dense_for_transport
 from torchrl.envs import GymEnv
 from torchrl.modules import LSTMModule, OneHotCategorical, ProbabilisticActor
 
@@ -66,6 +78,71 @@ def make_policy() -> ProbabilisticActor:
     )
 
 
+class LazyTransportRayReplayBuffer(RayReplayBuffer):
+    """``RayReplayBuffer.extend`` as it was: the batch goes to the actor as it comes."""
+
+    def extend(self, data):
+        return ray.get(self._rb.extend.remote(data.to("cpu")))
+
+
+def _count_tensors(data) -> int:
+    """The tensors Ray pickles for ``data``: one per key, and per step of a lazy stack."""
+    if isinstance(data, LazyStackedTensorDict):
+        return sum(_count_tensors(td) for td in data.tensordicts)
+    return len(list(data.keys(True, True)))
+
+
+class _CountingActor:
+    """An actor handle that counts the calls made through it."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.calls = collections.Counter()
+
+    def __getattr__(self, name):
+        method = getattr(self.handle, name)
+        calls = self.calls
+
+        class _Method:
+            @staticmethod
+            def remote(*args, **kwargs):
+                calls[name] += 1
+                return method.remote(*args, **kwargs)
+
+        return _Method()
+
+
+class TimedRayReplayBuffer(RayReplayBuffer):
+    """Times the parts of ``extend`` and counts the calls to the buffer actor."""
+
+    def __init__(self, *args, lazy_transport: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy_transport = lazy_transport
+        self._rb = _CountingActor(self._rb)
+        self.seconds = collections.Counter()
+        self.tensors = 0
+
+    def extend(self, data):
+        t0 = time.perf_counter()
+        if not self.lazy_transport:
+            data = _dense_for_transport(data)
+        data = data.to("cpu")
+        t1 = time.perf_counter()
+        ref = self._rb.extend.remote(data)
+        t2 = time.perf_counter()
+        out = ray.get(ref)
+        t3 = time.perf_counter()
+        self.seconds["stack"] += t1 - t0
+        self.seconds["send"] += t2 - t1
+        self.seconds["wait"] += t3 - t2
+        self.tensors += _count_tensors(data)
+        return out
+
+    def close(self):
+        self._rb = self._rb.handle
+        super().close()
+
+
 def _fps(collector, frames_per_batch: int, batches: int, rb=None) -> float:
     """Frames per second over ``batches`` batches, after one warm-up batch."""
     it = iter(collector)
@@ -82,8 +159,7 @@ def _fps(collector, frames_per_batch: int, batches: int, rb=None) -> float:
     return frames / elapsed
 
 
-def measure_collection(args) -> dict[str, float]:
-    policy = make_policy()
+def _collection_round(args, policy) -> dict[str, float]:
     fpb = args.frames_per_batch
     out = {}
     for name, cls in (
@@ -115,28 +191,84 @@ def measure_collection(args) -> dict[str, float]:
             out[name] = _fps(collector, fpb, args.batches)
         finally:
             collector.shutdown()
-    rb = RayReplayBuffer(
-        storage=functools.partial(LazyTensorStorage, 1_000_000),
-        sampler=functools.partial(SliceSampler, slice_len=16),
-        remote_config=REMOTE,
-    )
-    collector = RayCollector(
-        [make_env] * 2,
-        policy,
-        frames_per_batch=fpb,
-        total_frames=-1,
-        sync=True,
-        replay_buffer=rb,
-        remote_configs=REMOTE,
-        auto_register_policy_transforms=True,
-    )
-    try:
-        out["RayCollector -> RayReplayBuffer"] = _fps(
-            collector, fpb, args.batches, rb=rb
+    for name, rb_cls in (
+        ("RayCollector -> RayReplayBuffer", RayReplayBuffer),
+        ("  (lazy stacks, as before)", LazyTransportRayReplayBuffer),
+    ):
+        rb = rb_cls(
+            storage=functools.partial(LazyTensorStorage, 1_000_000),
+            sampler=functools.partial(SliceSampler, slice_len=16),
+            remote_config=REMOTE,
         )
-    finally:
-        collector.shutdown()
-        rb.close()
+        collector = RayCollector(
+            [make_env] * 2,
+            policy,
+            frames_per_batch=fpb,
+            total_frames=-1,
+            sync=True,
+            replay_buffer=rb,
+            remote_configs=REMOTE,
+            auto_register_policy_transforms=True,
+        )
+        try:
+            out[name] = _fps(collector, fpb, args.batches, rb=rb)
+        finally:
+            collector.shutdown()
+            rb.close()
+    return out
+
+
+def measure_collection(args) -> dict[str, list[float]]:
+    """Frames per second of each collector, one value per round."""
+    policy = make_policy()
+    rounds = collections.defaultdict(list)
+    for _ in range(args.repeats):
+        for name, fps in _collection_round(args, policy).items():
+            rounds[name].append(fps)
+    return rounds
+
+
+def measure_breakdown(args) -> dict[str, dict[str, float]]:
+    """Per batch of one worker writing into a RayReplayBuffer: where the time goes."""
+    policy = make_policy()
+    fpb = args.frames_per_batch // 2  # what each of the 2 sync workers collects
+    out = {}
+    for name, lazy in (("dense stack (now)", False), ("lazy stack (before)", True)):
+        rb = TimedRayReplayBuffer(
+            storage=functools.partial(LazyTensorStorage, 1_000_000),
+            sampler=functools.partial(SliceSampler, slice_len=16),
+            remote_config=REMOTE,
+            lazy_transport=lazy,
+        )
+        collector = Collector(
+            make_env(),
+            policy,
+            frames_per_batch=fpb,
+            total_frames=-1,
+            replay_buffer=rb,
+            auto_register_policy_transforms=True,
+        )
+        try:
+            it = iter(collector)
+            next(it)
+            rb.seconds.clear()
+            rb.tensors = 0
+            rb._rb.calls.clear()
+            start = time.perf_counter()
+            for _ in range(args.batches):
+                next(it)
+            total = (time.perf_counter() - start) / args.batches
+            extend = {k: v / args.batches for k, v in rb.seconds.items()}
+            out[name] = {
+                "batch": total,
+                "collect": total - sum(extend.values()),
+                **extend,
+                "tensors": rb.tensors / args.batches,
+                "calls": sum(rb._rb.calls.values()) / args.batches,
+            }
+        finally:
+            collector.shutdown()
+            rb.close()
     return out
 
 
@@ -214,6 +346,12 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--batches", type=int, default=10, help="batches timed per collector"
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds of the collection benchmark (the median is printed)",
+    )
     parser.add_argument("--repeat", type=int, default=50, help="timed samples")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -225,15 +363,59 @@ def main(argv=None) -> None:
     )
     try:
         collection = measure_collection(args)
+        breakdown = measure_breakdown(args)
         sampling = measure_sampling(args)
     finally:
         ray.shutdown()
 
     print(f"ray {ray.__version__}, torch {torch.__version__}, 2 workers, LSTM(64)")
-    print("\ncollection (frames/s; ratio to MultiSyncCollector)")
+    print(
+        f"\ncollection (frames/s, median of {args.repeats} rounds; ratio to "
+        "MultiSyncCollector; the rounds' ratios)"
+    )
     base = collection["MultiSyncCollector"]
-    for name, fps in collection.items():
-        print(f"  {name:34s} {fps:9.0f}  x{fps / base:.2f}")
+    for name, rounds in collection.items():
+        ratios = [fps / b for fps, b in zip(rounds, base)]
+        print(
+            f"  {name:34s} {statistics.median(rounds):9.0f}  "
+            f"x{statistics.median(ratios):.2f}  "
+            f"({', '.join(f'{r:.2f}' for r in ratios)})"
+        )
+
+    sync = collection["RayCollector sync"]
+    for name, label in (
+        ("RayCollector -> RayReplayBuffer", "now"),
+        ("  (lazy stacks, as before)", "before"),
+    ):
+        ratios = [fps / b for fps, b in zip(collection[name], sync)]
+        print(
+            f"  writing into the buffer ({label}) against returning batches "
+            f"(RayCollector sync): x{statistics.median(ratios):.2f}"
+        )
+
+    fpb = args.frames_per_batch // 2
+    print(
+        f"\nwhere a worker's time goes, per {fpb}-frame batch written into a "
+        "RayReplayBuffer (ms)"
+    )
+    columns = ("batch", "collect", "stack", "send", "wait")
+    print(
+        f"  {'':22s}"
+        + "".join(f"{c:>9s}" for c in columns)
+        + f"{'tensors':>9s}{'calls':>7s}"
+    )
+    for name, row in breakdown.items():
+        print(
+            f"  {name:22s}"
+            + "".join(f"{row[c] * 1e3:9.1f}" for c in columns)
+            + f"{row['tensors']:9.0f}{row['calls']:7.1f}"
+        )
+    print(
+        "  collect: stepping the env and the policy; stack: the steps into one "
+        "batch; send: Ray pickles the batch and submits the call; wait: the actor "
+        "unpickles and writes it; tensors: pickled per batch; calls: to the actor"
+    )
+
     print("\nsampling 16 slices of 16 steps (ms; ratio to the local buffer)")
     base = sampling["local sample"]
     for name, seconds in sampling.items():

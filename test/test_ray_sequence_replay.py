@@ -29,10 +29,12 @@ from _ray_helpers import (  # noqa: E402
     TEST_DIR,
 )
 from _recurrent_policies import make_lstm_policy  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
+from tensordict import LazyStackedTensorDict, TensorDict  # noqa: E402
 from torchrl.collectors import Collector, PolicyTransformsFutureWarning  # noqa: E402
 from torchrl.collectors.distributed import RayCollector  # noqa: E402
 from torchrl.data import LazyTensorStorage, RayReplayBuffer, SliceSampler  # noqa: E402
+from torchrl.data.replay_buffers.ray_buffer import _dense_for_transport  # noqa: E402
+from torchrl.envs import SerialEnv  # noqa: E402
 
 FRAMES_PER_BATCH = 32
 SLICE_LEN = 8
@@ -202,6 +204,46 @@ class TestSequenceReplay:
             rb.close()
 
 
+class TestTransport:
+    """A collector hands its buffer a lazy stack of its steps; it travels dense."""
+
+    @staticmethod
+    def _steps(batch_size=()):
+        make = functools.partial(make_tracked_worker_cartpole, 0)
+        env = SerialEnv(batch_size[0], make) if batch_size else make()
+        rollout = env.rollout(FRAMES_PER_BATCH, break_when_any_done=False)
+        env.close()
+        steps = rollout.unbind(rollout.ndim - 1)
+        # what a collector with a replay buffer builds from its steps
+        return LazyStackedTensorDict.lazy_stack(list(steps), dim=-1), rollout
+
+    @pytest.mark.parametrize("batch_size", [(), (2,)])
+    def test_lazy_stack_is_stacked_densely(self, batch_size):
+        lazy, rollout = self._steps(batch_size)
+        dense = _dense_for_transport(lazy)
+        assert not isinstance(dense, LazyStackedTensorDict)
+        assert dense.batch_size == rollout.batch_size
+        assert (dense == rollout).all()
+
+    def test_heterogeneous_stack_stays_lazy(self):
+        tds = [TensorDict({"a": torch.zeros(n)}) for n in (2, 3)]
+        lazy = LazyStackedTensorDict.lazy_stack(tds)
+        out = _dense_for_transport(lazy)
+        assert isinstance(out, LazyStackedTensorDict)
+        assert [td["a"].shape for td in out.tensordicts] == [(2,), (3,)]
+
+    def test_extend_with_a_lazy_stack(self):
+        lazy, rollout = self._steps()
+        rb = _buffer()
+        try:
+            rb.extend(lazy)
+            assert len(rb) == FRAMES_PER_BATCH
+            stored = rb[torch.arange(FRAMES_PER_BATCH)]
+            assert (stored.select(*rollout.keys(True, True)) == rollout).all()
+        finally:
+            rb.close()
+
+
 class TestPolicyTransforms:
     @pytest.mark.parametrize("how", ["argument", "collector_kwargs"])
     def test_auto_register(self, how):
@@ -255,6 +297,37 @@ class TestPolicyTransforms:
             _collector(_worker_envs(make=make_worker_cartpole), make_lstm_policy())
         assert "Traceback" in str(info.value.__cause__)
         assert "ray" not in type(info.value).__module__
+
+
+class TestBufferConstruction:
+    @pytest.mark.parametrize(
+        "kwargs,error,match",
+        [
+            (
+                {"storage": functools.partial(LazyTensorStorage, 100, device="nope")},
+                RuntimeError,
+                "device string.*nope",
+            ),
+            (
+                {"sampler": functools.partial(SliceSampler, slice_len=4, num_slices=2)},
+                TypeError,
+                "Either num_slices or slice_len",
+            ),
+        ],
+        ids=["storage", "sampler"],
+    )
+    def test_constructor_error_is_raised_as_itself(self, kwargs, error, match):
+        before = ray.available_resources().get("CPU", 0)
+        with pytest.raises(error, match=match) as info:
+            RayReplayBuffer(remote_config=REMOTE, **kwargs)
+        assert type(info.value) is error
+        assert "Traceback" in str(info.value.__cause__)
+        from _ray_helpers import wait_until
+
+        # the actor that failed is gone, with the CPU it held
+        assert wait_until(
+            lambda: ray.available_resources().get("CPU", 0) >= before, timeout=30
+        )
 
 
 class TestResources:

@@ -5,7 +5,8 @@
 """What the distributed collectors add to their remote collectors.
 
 The remote collectors of every distributed collector number their
-trajectories ``worker_idx + k * num_workers`` (:func:`_traj_ids_worker_class`).
+trajectories ``worker_idx + k * num_workers`` (:func:`_traj_ids_worker_class`;
+on RPC nodes :func:`_build_with_traj_ids_layout`).
 Each remote collector of :class:`~torchrl.collectors.distributed.RayCollector`
 is an actor of a subclass of the collector class (see
 :func:`_ray_worker_class`) that
@@ -18,6 +19,10 @@ is an actor of a subclass of the collector class (see
   raised instead of dying: the driver asks each actor for both once
   (:func:`_wait_for_ray_workers`), warns once and raises the worker's own
   exception (type and message), with the remote traceback as its cause.
+
+The actor of a :class:`~torchrl.data.RayReplayBuffer` is built the same way
+(:func:`_ray_buffer_class`, error part only): a buffer whose constructor fails
+raises the constructor's exception on the driver.
 
 The resource check (:func:`_check_ray_resources`) turns an actor request that
 the cluster cannot place, which Ray would wait on forever, into an error.
@@ -103,15 +108,40 @@ class _TrajIdsLayoutMixin:
         **kwargs,
     ):
         if traj_ids_layout is not None:
-            offset, stride = traj_ids_layout
-            if isinstance(self, MultiCollector):
-                # read by MultiCollector when it makes the pool its workers share
-                self._traj_pool_layout = {"offset": offset, "stride": stride}
-            else:
-                kwargs.setdefault(
-                    "traj_pool", _TrajectoryPool(offset=offset, stride=stride)
-                )
+            kwargs = _apply_traj_ids_layout(self, traj_ids_layout, kwargs)
         super().__init__(*args, **kwargs)
+
+
+def _apply_traj_ids_layout(
+    collector, traj_ids_layout: tuple[int, int], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """Makes ``collector``, before its ``__init__``, number its trajectories ``i + k * n``.
+
+    Returns the keyword arguments to build it with.
+    """
+    offset, stride = traj_ids_layout
+    if isinstance(collector, MultiCollector):
+        # read by MultiCollector when it makes the pool its workers share
+        collector._traj_pool_layout = {"offset": offset, "stride": stride}
+        return kwargs
+    return {"traj_pool": _TrajectoryPool(offset=offset, stride=stride), **kwargs}
+
+
+def _build_with_traj_ids_layout(
+    collector_class: type, traj_ids_layout: tuple[int, int], *args, **kwargs
+):
+    """``collector_class(*args, **kwargs)``, numbering its trajectories ``i + k * n``.
+
+    What an RPC node builds. The collector is an instance of ``collector_class``
+    itself, not of :func:`_traj_ids_worker_class`: RPC pickles classes by
+    reference (by module and name), and the proxy of the collector's ``RRef``
+    asks the node for the type of the collector before each call, which a
+    class made at run time cannot be found by.
+    """
+    collector = collector_class.__new__(collector_class)
+    kwargs = _apply_traj_ids_layout(collector, traj_ids_layout, kwargs)
+    collector.__init__(*args, **kwargs)
+    return collector
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,11 +159,14 @@ def _subclass(mixin: type, collector_class: type) -> type:
     return cls
 
 
-class _RayWorkerMixin(_TrajIdsLayoutMixin):
-    """Put in front of the collector class of each :class:`RayCollector` actor."""
+class _RayConstructionMixin:
+    """Put in front of the class of a Ray actor: keeps its constructor's error.
+
+    The actor stays alive when the constructor raises; the driver asks for the
+    error (:func:`_wait_for_ray_workers`) and raises it.
+    """
 
     def __init__(self, *args, **kwargs):
-        self._ray_worker_warnings = _start_worker_warning_sink()
         self._ray_worker_error = None
         try:
             super().__init__(*args, **kwargs)
@@ -145,7 +178,15 @@ class _RayWorkerMixin(_TrajIdsLayoutMixin):
 
     def _ray_worker_report(self) -> tuple[list[str], dict[str, Any] | None]:
         """The warnings of the constructor and its error (``None`` when it succeeded)."""
-        return list(self._ray_worker_warnings), self._ray_worker_error
+        return list(getattr(self, "_ray_worker_warnings", ())), self._ray_worker_error
+
+
+class _RayWorkerMixin(_RayConstructionMixin, _TrajIdsLayoutMixin):
+    """Put in front of the collector class of each :class:`RayCollector` actor."""
+
+    def __init__(self, *args, **kwargs):
+        self._ray_worker_warnings = _start_worker_warning_sink()
+        super().__init__(*args, **kwargs)
 
     def __repr__(self) -> str:
         # Ray prefixes the actor's log lines with its repr: keep it short
@@ -160,10 +201,25 @@ def _ray_worker_class(collector_class: type) -> type:
     return _subclass(_RayWorkerMixin, collector_class)
 
 
-def _wait_for_ray_workers(owner: str, actors: Sequence) -> None:
+@functools.lru_cache(maxsize=None)
+def _ray_buffer_class(buffer_class: type) -> type:
+    """``buffer_class`` (the actor of a ``RayReplayBuffer``) with :class:`_RayConstructionMixin` in front."""
+    if issubclass(buffer_class, _RayConstructionMixin):
+        return buffer_class
+    return _subclass(_RayConstructionMixin, buffer_class)
+
+
+def _wait_for_ray_workers(
+    owner: str,
+    actors: Sequence,
+    what: str = "remote collectors",
+    argument: str = "remote_configs",
+) -> None:
     """Waits until every actor is built; warns once; raises the first worker error.
 
     On an error, every actor is killed before the worker's exception is raised.
+    ``what`` names the actors, and ``argument`` their resources, in the message
+    of a wait that lasts.
     """
     import ray
 
@@ -171,9 +227,9 @@ def _wait_for_ray_workers(owner: str, actors: Sequence) -> None:
     ready, pending = ray.wait(refs, num_returns=len(refs), timeout=_READY_WARN_AFTER)
     if pending:
         warnings.warn(
-            f"{owner}: {len(pending)} of {len(refs)} remote collectors are not built "
+            f"{owner}: {len(pending)} of {len(refs)} {what} are not built "
             f"after {_READY_WARN_AFTER:.0f} s. Ray places an actor only where the "
-            "resources of its remote_configs are free; the cluster has "
+            f"resources of its {argument} are free; the cluster has "
             f"{_format_resources(ray.available_resources())} free of "
             f"{_format_resources(ray.cluster_resources())}. Still waiting.",
             UserWarning,
