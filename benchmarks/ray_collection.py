@@ -144,53 +144,47 @@ class TimedRayReplayBuffer(RayReplayBuffer):
 
 
 def _fps(collector, frames_per_batch: int, batches: int, rb=None) -> float:
-    """Frames per second over ``batches`` batches, after one warm-up batch."""
-    it = iter(collector)
-    next(it)
-    start_frames = rb.write_count if rb is not None else 0
-    start = time.perf_counter()
-    frames = 0
-    for _ in range(batches):
-        data = next(it)
-        frames += frames_per_batch if data is None else data.numel()
-    elapsed = time.perf_counter() - start
-    if rb is not None:
-        frames = rb.write_count - start_frames
-    return frames / elapsed
+    """Frames per second over ``batches`` batches, after one warm-up batch.
+
+    Shuts the collector down (and closes ``rb``) afterwards.
+    """
+    try:
+        it = iter(collector)
+        next(it)
+        start_frames = rb.write_count if rb is not None else 0
+        start = time.perf_counter()
+        frames = 0
+        for _ in range(batches):
+            data = next(it)
+            frames += frames_per_batch if data is None else data.numel()
+        elapsed = time.perf_counter() - start
+        if rb is not None:
+            frames = rb.write_count - start_frames
+        return frames / elapsed
+    finally:
+        collector.shutdown()
+        if rb is not None:
+            rb.close()
 
 
 def _collection_round(args, policy) -> dict[str, float]:
     fpb = args.frames_per_batch
+    common = {
+        "frames_per_batch": fpb,
+        "total_frames": -1,
+        "auto_register_policy_transforms": True,
+    }
+    ray_common = dict(common, remote_configs=REMOTE)
     out = {}
     for name, cls in (
         ("MultiSyncCollector", MultiSyncCollector),
         ("MultiAsyncCollector", MultiAsyncCollector),
     ):
-        collector = cls(
-            [make_env] * 2,
-            policy,
-            frames_per_batch=fpb,
-            total_frames=-1,
-            auto_register_policy_transforms=True,
-        )
-        try:
-            out[name] = _fps(collector, fpb, args.batches)
-        finally:
-            collector.shutdown()
+        collector = cls([make_env] * 2, policy, **common)
+        out[name] = _fps(collector, fpb, args.batches)
     for name, sync in (("RayCollector sync", True), ("RayCollector async", False)):
-        collector = RayCollector(
-            [make_env] * 2,
-            policy,
-            frames_per_batch=fpb,
-            total_frames=-1,
-            sync=sync,
-            remote_configs=REMOTE,
-            auto_register_policy_transforms=True,
-        )
-        try:
-            out[name] = _fps(collector, fpb, args.batches)
-        finally:
-            collector.shutdown()
+        collector = RayCollector([make_env] * 2, policy, sync=sync, **ray_common)
+        out[name] = _fps(collector, fpb, args.batches)
     for name, rb_cls in (
         ("RayCollector -> RayReplayBuffer", RayReplayBuffer),
         ("  (lazy stacks, as before)", LazyTransportRayReplayBuffer),
@@ -201,20 +195,9 @@ def _collection_round(args, policy) -> dict[str, float]:
             remote_config=REMOTE,
         )
         collector = RayCollector(
-            [make_env] * 2,
-            policy,
-            frames_per_batch=fpb,
-            total_frames=-1,
-            sync=True,
-            replay_buffer=rb,
-            remote_configs=REMOTE,
-            auto_register_policy_transforms=True,
+            [make_env] * 2, policy, sync=True, replay_buffer=rb, **ray_common
         )
-        try:
-            out[name] = _fps(collector, fpb, args.batches, rb=rb)
-        finally:
-            collector.shutdown()
-            rb.close()
+        out[name] = _fps(collector, fpb, args.batches, rb=rb)
     return out
 
 
