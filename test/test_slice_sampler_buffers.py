@@ -23,6 +23,7 @@ from torchrl.data import (
     RandomSampler,
     ReplayBuffer,
     SliceSampler,
+    SliceSamplerWithoutReplacement,
     TensorDictReplayBuffer,
 )
 
@@ -119,6 +120,68 @@ def test_plain_buffer_info_and_sample_keys(cls):
     assert "priority_weight" not in sample.keys()
     # info holds the sampler's tensors, as without the buffer's write
     assert info[MASK].shape == sample.shape
+
+
+MARKERS = ["is_init", ("next", "truncated"), ("next", "done"), ("next", "terminated")]
+
+
+def _stored_rows(storage):
+    if isinstance(storage, LazyStackStorage):
+        return torch.stack(list(storage._storage))
+    return storage[:].clone()
+
+
+@pytest.mark.parametrize("kind", STORAGES)
+@pytest.mark.parametrize(
+    "cls", [SliceSampler, SliceSamplerWithoutReplacement], ids=lambda c: c.__name__
+)
+@pytest.mark.parametrize("pad_output", [False, True])
+@pytest.mark.parametrize("burn_in", [0, 2])
+@pytest.mark.parametrize("buffer_cls", BUFFERS)
+def test_buffer_sample_is_the_sampler_index_gathered(
+    buffer_cls, burn_in, pad_output, cls, kind, tmp_path
+):
+    """The buffer completes the markers out of the rows it gathers.
+
+    What a buffer returns equals the sampler's own ``sample()`` (which reads
+    the marker columns out of the storage) with its info written into the rows
+    at its index, under the same seed; sampling writes nothing into the storage.
+    """
+    storage = make_storage(kind, tmp_path, CAPACITY)
+    sampler = make_sampler(
+        cls,
+        CAPACITY,
+        slice_len=SLICE_LEN,
+        strict_length=False,
+        pad_output=pad_output,
+        burn_in=burn_in,
+    )
+    rb = buffer_cls(storage=storage, sampler=sampler, batch_size=SLICE_LEN * NUM_SLICES)
+    rb.extend(_data(2 if kind == "tensor2d" else 1))
+    stored = _stored_rows(storage)
+    for seed in range(4):
+        # both draws start from the same sampler state (a new epoch)
+        sampler._empty()
+        torch.manual_seed(seed)
+        index, info = sampler.sample(storage, SLICE_LEN * NUM_SLICES)
+        # a TensorDictReplayBuffer writes the sample's index over the stored one
+        want = storage[index].exclude("index").clone()
+        for key in sampler._row_markers(info):
+            want.set(key, info[key].reshape(want.shape + info[key].shape[1:]))
+        sampler._empty()
+        torch.manual_seed(seed)
+        sample, sample_info = rb.sample(return_info=True)
+        torch.testing.assert_close(
+            sample.select(*want.keys(True, True)).to_dict(),
+            want.to_dict(),
+            rtol=0,
+            atol=0,
+        )
+        for key in MARKERS:
+            torch.testing.assert_close(sample_info[key], info[key], rtol=0, atol=0)
+    torch.testing.assert_close(
+        _stored_rows(storage).to_dict(), stored.to_dict(), rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize("buffer_cls", BUFFERS)

@@ -9,21 +9,30 @@ Three concerns live here, so that the sampler module only calls them:
 - reading the storage's *schema* (its keys) without fetching rows, to pick the
   trajectory key on the first sample;
 - reading a few columns (``done``, ``terminated``, ``is_init``) at the sampled
-  indices only, instead of gathering whole rows;
+  indices only, instead of gathering whole rows, or, when a replay buffer
+  samples, out of the rows it gathers;
 - building the per-sample markers (truncation at slice ends, ``is_init`` at
   slice starts) and, with ``pad_output=True``, the padded index and its mask.
 """
 from __future__ import annotations
 
+import contextvars
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensordict import is_tensor_collection, is_tensorclass, LazyStackedTensorDict
+from tensordict import (
+    is_tensor_collection,
+    is_tensorclass,
+    LazyStackedTensorDict,
+    TensorDict,
+)
 from tensordict.utils import NestedKey
 
 from torchrl._user_stacklevel import _user_stacklevel
 from torchrl._utils import _replace_last, rl_warnings
+from torchrl.data.replay_buffers.storages import TensorStorage
 
 #: Key written by the collectors, preferred over ``"episode"``.
 COLLECTOR_TRAJ_KEY = ("collector", "traj_ids")
@@ -93,8 +102,6 @@ def storage_has_key(storage, key: NestedKey) -> bool | None:
     something that is not a tensor collection), so that callers do not lock in
     a choice.
     """
-    from torchrl.data.replay_buffers.storages import TensorStorage
-
     if isinstance(storage, TensorStorage):
         if not storage.initialized or not len(storage):
             return None
@@ -150,8 +157,6 @@ def read_full_column(storage, key: NestedKey) -> torch.Tensor:
         KeyError: if the storage has no such entry.
         TypeError: if the stored items are not tensor collections.
     """
-    from torchrl.data.replay_buffers.storages import TensorStorage
-
     if isinstance(storage, TensorStorage):
         return storage[:][key]
     rows = storage[:]
@@ -196,8 +201,6 @@ class _ColumnReader:
         return self._rows
 
     def get(self, key: NestedKey) -> torch.Tensor | None:
-        from torchrl.data.replay_buffers.storages import TensorStorage
-
         storage = self.storage
         if isinstance(storage, TensorStorage):
             if not storage.initialized:
@@ -222,9 +225,10 @@ def _starts_and_lengths(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(seq_length, torch.Tensor):
         lengths = seq_length.to(device=device, dtype=torch.long).reshape(-1)
+        starts = lengths.cumsum(0) - lengths
     else:
         lengths = torch.full((num_rows // seq_length,), seq_length, device=device)
-    starts = lengths.cumsum(0) - lengths
+        starts = torch.arange(0, num_rows, seq_length, device=device)
     return starts, lengths
 
 
@@ -246,8 +250,10 @@ def finish_slices(
 
     Reads only the columns it needs at the sampled indices: ``done`` and
     ``terminated`` next to ``truncated_key`` (when not ``None``) and
-    ``init_key`` (when stored). The ``info`` entries are written into the
-    sample by the replay buffer after its single gather.
+    ``init_key`` (when stored). Inside :class:`markers_from_sample` (a replay
+    buffer sampling) it reads none: the buffer completes the markers out of the
+    rows it gathers, with :func:`complete_markers`. The ``info`` entries are
+    written into the sample by the replay buffer after its single gather.
 
     Args:
         storage (Storage): the sampled storage.
@@ -280,37 +286,14 @@ def finish_slices(
     index = index.to(torch.long)
     num_rows = index.shape[0]
     device = index.device
-    starts, lengths = _starts_and_lengths(seq_length, num_slices, num_rows, device)
     index_tuple = index.unbind(-1)
-    reader = _ColumnReader(storage, index_tuple)
-
-    if truncated_key is not None:
-        done_key = _replace_last(truncated_key, "done")
-        terminated_key = _replace_last(truncated_key, "terminated")
-        truncated = torch.zeros((num_rows, 1), dtype=torch.bool, device=device)
-        truncated[starts + lengths - 1] = True
-        done = reader.get(done_key)
-        if done is None:
-            done = truncated.clone()
-        else:
-            if done.shape != truncated.shape and done.numel() == num_rows:
-                truncated = truncated.reshape(done.shape)
-            done = done.to(device) | truncated
-        terminated = reader.get(terminated_key)
-        if terminated is None:
-            terminated = torch.zeros_like(truncated)
-        else:
-            terminated = terminated.to(device)
-        info[truncated_key] = truncated
-        info[done_key] = done
-        info[terminated_key] = terminated
-
-    is_init = reader.get(init_key)
-    if is_init is not None:
-        is_init = is_init.to(device=device, copy=True)
-        is_init[starts] = True
-        info[init_key] = is_init
-
+    if isinstance(seq_length, int) and pad_to is None and burn_in is None:
+        # slices of seq_length rows each: strided rows start and end them
+        first = slice(None, None, seq_length)
+        last = slice(seq_length - 1, None, seq_length)
+    else:
+        starts, lengths = _starts_and_lengths(seq_length, num_slices, num_rows, device)
+        first, last = starts, starts + lengths - 1
     if burn_in is not None:
         burn_in = burn_in.to(device=device, dtype=torch.long).reshape(-1)
     if pad_to is not None:
@@ -321,18 +304,17 @@ def finish_slices(
             burn = offsets < burn_in.unsqueeze(-1)
             info[burn_in_key] = burn.reshape(-1)
             mask = mask & ~burn
-        if bool(mask.all()):
-            gather = None
-        else:
-            gather = (
-                starts.unsqueeze(-1)
-                + torch.minimum(offsets, (lengths - 1).unsqueeze(-1))
-            ).reshape(-1)
-        if gather is not None:
+        if not bool(mask.all()):
+            # a padded row repeats the last step of its slice
+            step = torch.minimum(offsets, (lengths - 1).unsqueeze(-1))
+            gather = (starts.unsqueeze(-1) + step).reshape(-1)
             index_tuple = tuple(idx[gather] for idx in index_tuple)
             for key, val in list(info.items()):
                 if isinstance(val, torch.Tensor) and val.shape[:1] == (num_rows,):
                     info[key] = val[gather]
+            first = (step == 0).reshape(-1)
+            last = (step == (lengths - 1).unsqueeze(-1)).reshape(-1)
+            num_rows = gather.shape[0]
         info[mask_key] = mask.reshape(-1)
     elif burn_in is not None:
         # offset of each row in its slice
@@ -342,7 +324,193 @@ def finish_slices(
         burn = offsets < torch.repeat_interleave(burn_in, lengths)
         info[burn_in_key] = burn
         info[mask_key] = ~burn
+
+    markers = _StoredMarkers(
+        truncated_key,
+        init_key,
+        first,
+        last,
+        num_rows,
+        device,
+        storage,
+        index_tuple,
+        [key for key in (mask_key, burn_in_key) if key in info],
+    )
+    if _MARKERS_FROM_SAMPLE.get():
+        # the buffer reads the stored entries out of the rows it gathers
+        info[_PENDING_MARKERS] = markers
+    else:
+        markers.fill(info, _ColumnReader(storage, index_tuple).get)
     return index_tuple, info
+
+
+class _StoredMarkers:
+    """The markers of a sample, to be completed with stored entries.
+
+    The sample's rows ``first`` and ``last`` (a slice or an index of rows)
+    start and end its slices. ``truncated_key`` is set at the ends, ``done`` is
+    the stored one also set there, ``terminated`` is the stored one, and
+    ``init_key`` is the stored one set at the starts. The stored entries are
+    read at the sampled rows: out of the storage by :func:`finish_slices`, or,
+    when the replay buffer samples (see :class:`markers_from_sample`), out of
+    the rows it gathers anyway, by :func:`complete_markers`.
+    """
+
+    __slots__ = (
+        "truncated_key",
+        "init_key",
+        "first",
+        "last",
+        "num_rows",
+        "device",
+        "storage",
+        "index",
+        "computed",
+    )
+
+    def __init__(
+        self,
+        truncated_key,
+        init_key,
+        first,
+        last,
+        num_rows,
+        device,
+        storage,
+        index,
+        computed,
+    ):
+        self.truncated_key = truncated_key
+        self.init_key = init_key
+        self.first = first
+        self.last = last
+        self.num_rows = num_rows
+        self.device = device
+        self.storage = storage
+        self.index = index
+        self.computed = computed
+
+    def fill(
+        self, info: dict, get: Callable[[NestedKey], Any], in_place: bool = False
+    ) -> list[NestedKey]:
+        """Writes the markers into ``info``, reading stored entries with ``get``.
+
+        With ``in_place=True`` the tensors ``get`` returns belong to the caller
+        (the gathered rows): they are updated in place where they can be.
+
+        Returns:
+            the keys of the markers that are not tensors ``get`` returned.
+        """
+        device = self.device
+        new = []
+        truncated_key = self.truncated_key
+        if truncated_key is not None:
+            done_key = _replace_last(truncated_key, "done")
+            terminated_key = _replace_last(truncated_key, "terminated")
+            done = get(done_key)
+            shape = (self.num_rows, 1)
+            if done is not None and done.shape != shape and done.numel() == shape[0]:
+                shape = done.shape
+            truncated = get(truncated_key) if in_place else None
+            if (
+                truncated is not None
+                and truncated.shape == shape
+                and truncated.dtype == torch.bool
+                and truncated.device == device
+            ):
+                truncated.zero_()
+            else:
+                truncated = torch.zeros(shape, dtype=torch.bool, device=device)
+                new.append(truncated_key)
+            truncated[self.last] = True
+            if done is None:
+                done = truncated.clone()
+                new.append(done_key)
+            else:
+                if not in_place or done.device != device:
+                    done = done.to(device=device, copy=True)
+                    new.append(done_key)
+                done[self.last] = True
+            terminated = get(terminated_key)
+            if terminated is None:
+                terminated = torch.zeros_like(truncated)
+                new.append(terminated_key)
+            elif terminated.device != device:
+                terminated = terminated.to(device)
+                new.append(terminated_key)
+            info[truncated_key] = truncated
+            info[done_key] = done
+            info[terminated_key] = terminated
+        init_key = self.init_key
+        is_init = get(init_key)
+        if is_init is not None:
+            if not in_place or is_init.device != device:
+                is_init = is_init.to(device=device, copy=True)
+                new.append(init_key)
+            is_init[self.first] = True
+            info[init_key] = is_init
+        new.extend(self.computed)
+        return new
+
+
+_MARKERS_FROM_SAMPLE = contextvars.ContextVar(
+    "torchrl_slice_markers_from_sample", default=False
+)
+_PENDING_MARKERS = "_slice_markers"
+
+
+class markers_from_sample:
+    """Context in which the slice samplers leave the stored markers unread.
+
+    A replay buffer gathers every entry of the sampled rows, ``done``,
+    ``terminated`` and ``is_init`` included: inside this context,
+    :func:`finish_slices` does not read them out of the storage a second time,
+    and the buffer calls :func:`complete_markers` with the rows it gathered.
+    """
+
+    __slots__ = ("_token",)
+
+    def __enter__(self):
+        self._token = _MARKERS_FROM_SAMPLE.set(True)
+        return self
+
+    def __exit__(self, *exc):
+        _MARKERS_FROM_SAMPLE.reset(self._token)
+
+
+def complete_markers(info: dict, data: Any) -> bool:
+    """Fills the markers of ``info`` left unread by a slice sampler, from the gathered ``data``.
+
+    Rows gathered out of a :class:`~torchrl.data.TensorStorage` into a
+    :class:`~tensordict.TensorDict` are new tensors that the sample owns: the
+    markers are written into them (``done`` and ``is_init`` in place). Other
+    rows (e.g. the list of a :class:`~torchrl.data.ListStorage`) are not read:
+    the entries are read out of the storage, as outside
+    :class:`markers_from_sample`, and :func:`write_row_markers` writes them.
+
+    Returns:
+        whether ``data`` holds every marker of ``info``.
+    """
+    markers = info.pop(_PENDING_MARKERS, None)
+    if markers is None:
+        return False
+    if not (
+        type(data) is TensorDict
+        and isinstance(markers.storage, TensorStorage)
+        and data.batch_size[:1] == (markers.num_rows,)
+    ):
+        markers.fill(info, _ColumnReader(markers.storage, markers.index).get)
+        return False
+
+    def get(key):
+        try:
+            return data.get(key)
+        except KeyError:
+            return None
+
+    for key in markers.fill(info, get, in_place=True):
+        data.set(key, info[key])
+    return True
 
 
 def marker_keys(
