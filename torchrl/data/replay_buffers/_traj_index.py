@@ -32,6 +32,7 @@ from tensordict.utils import NestedKey
 
 from torchrl._user_stacklevel import _user_stacklevel
 from torchrl.data.replay_buffers import _slice_utils
+from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
 
 # Ranges the journal holds; a reader that falls further behind rebuilds.
 JOURNAL_SLOTS = 4096
@@ -187,6 +188,8 @@ class TrajectoryIndex:
         self._warned = False
         # full reads of the column so far (one, unless the index was reset)
         self.builds = 0
+        # the last write cursor seen, and the last row it wrote
+        self._row_of = (None, None)
 
     def stop_and_length(
         self,
@@ -198,15 +201,17 @@ class TrajectoryIndex:
         key: NestedKey,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Start, stop and length of every trajectory, or ``None`` to scan."""
-        from torchrl.data.replay_buffers.storages import ListStorage, TensorStorage
-
         if isinstance(storage, TensorStorage):
             if not storage.initialized:
                 return None
-            length = storage._len_along_dim0
+            # one read of the length, which lives in shared memory
+            numel = len(storage)
+            full = numel == storage.max_size
+            length = numel if storage.ndim == 1 else storage._len_along_dim0
             shape = storage._total_shape
         elif isinstance(storage, ListStorage):
             length = len(storage)
+            full = storage._is_full
             shape = None
         else:
             return None
@@ -251,7 +256,7 @@ class TrajectoryIndex:
                     self._storage = None
                     return None
         self._cursor = cursor
-        return self._derive(sampler, storage, length, cursor)
+        return self._derive(sampler, storage, length, full, cursor)
 
     def derived_key(self):
         """Identifies the state the last start/stop tensors were derived from."""
@@ -415,9 +420,12 @@ class TrajectoryIndex:
         ends = [chunk[:-1] != chunk[1:] for chunk in chunks]
         return ends[0] if len(ends) == 1 else torch.cat(ends)
 
-    def _derive(self, sampler, storage, length, cursor):
-        full = storage._is_full
-        row = _cursor_row(cursor) if full and cursor is not None else None
+    def _derive(self, sampler, storage, length, full, cursor):
+        row = None
+        if full and cursor is not None:
+            if cursor is not self._row_of[0]:
+                self._row_of = (cursor, _cursor_row(cursor))
+            row = self._row_of[1]
         if full and cursor is not None and row is None:
             return None
         derived_key = (self._version, length, full, row)
