@@ -24,10 +24,16 @@ stored). For pristine TorchRL 0.12.0 and the fork, measured in the same run:
 - ``sample us``, ``gather us``: the median ``rb.sample()`` time and the median
   gather time, to compare sizes: a gather of rows spread over a large buffer
   misses the CPU caches, so it slows down as the buffer grows.
-- ``sampler us``: the median time of the sampler's own ``sample()`` (the
-  indices and markers, without the buffer's gather).
+- ``sampler us``: the median time of the sampler's own ``sample()`` called
+  alone (the indices and markers, without the buffer's gather; alone, the
+  fork's sampler reads the marker columns itself, which it leaves to the
+  buffer's gather when a buffer samples).
 - ``extend us/1k``: the median time of ``rb.extend`` of 1,000 rows into the
   full buffer, per 1,000 rows.
+
+The machine's speed drifts over seconds: every quantity is timed back to back
+in each of ``--rounds`` rounds, a ratio is taken within a round, and each
+column is the median over rounds.
 
 Run with ``python benchmarks/slice_sampler_scale.py`` (``make bench`` runs it).
 """
@@ -125,16 +131,11 @@ def _median(fn, repeat: int, before=None) -> float:
     return statistics.median(times)
 
 
-def _measure_buffer(kind: str, key: str, size: int, repeat: int) -> dict:
+def _measure_buffer(kind: str, key: str, size: int, repeat: int, rounds: int) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         rb = _buffer(kind, size, key, scratch)
         storage, sampler = rb._storage, rb._sampler
         rb.sample()
-        indices = [rb.sample(return_info=True)[1]["index"] for _ in range(repeat)]
-        gathers = iter(indices)
-        gather = _median(lambda: storage[next(gathers)], repeat)
-        sample = _median(rb.sample, repeat)
-        own = _median(lambda: sampler.sample(storage, NUM_SLICES * SLICE_LEN), repeat)
         data = _rows(0, WRITE, key == "auto")
         written = [size]
 
@@ -143,16 +144,29 @@ def _measure_buffer(kind: str, key: str, size: int, repeat: int) -> dict:
             rb.extend(_shift(data, written[0], key == "auto"))
             written[0] += WRITE
 
-        after = _median(rb.sample, repeat, before=write)
-        extend = _median(write, repeat)
-        return {
-            "sample/gather": sample / gather,
-            "after write": after / gather,
-            "sample us": sample * 1e6,
-            "gather us": gather * 1e6,
-            "sampler us": own * 1e6,
-            "extend us/1k": extend * 1e6 * 1000 / WRITE,
-        }
+        # The machine's speed drifts over seconds: each round times every
+        # quantity back to back, and the ratios are taken within a round.
+        per_round = []
+        for _ in range(rounds):
+            indices = [rb.sample(return_info=True)[1]["index"] for _ in range(repeat)]
+            gather = _median(lambda it=iter(indices): storage[next(it)], repeat)
+            sample = _median(rb.sample, repeat)
+            own = _median(
+                lambda: sampler.sample(storage, NUM_SLICES * SLICE_LEN), repeat
+            )
+            after = _median(rb.sample, repeat, before=write)
+            extend = _median(write, repeat)
+            per_round.append(
+                {
+                    "sample/gather": sample / gather,
+                    "after write": after / gather,
+                    "sample us": sample * 1e6,
+                    "gather us": gather * 1e6,
+                    "sampler us": own * 1e6,
+                    "extend us/1k": extend * 1e6 * 1000 / WRITE,
+                }
+            )
+        return {col: statistics.median(r[col] for r in per_round) for col in COLUMNS}
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -166,7 +180,7 @@ def measure(args: argparse.Namespace) -> dict:
         for key in ("auto", "end_key"):
             for size in sizes:
                 out[f"{kind} {key} {size // 1000}k"] = _measure_buffer(
-                    kind, key, size, args.repeat
+                    kind, key, size, args.repeat, args.rounds
                 )
     return out
 
@@ -224,7 +238,17 @@ def _report(results: dict) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--repeat", type=int, default=60, help="timed calls per measurement"
+        "--repeat",
+        type=int,
+        default=40,
+        help="timed calls per measurement (the median is kept)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=7,
+        help="rounds of measurements per buffer; each column is the median "
+        "over rounds of what a round measured (ratios within a round)",
     )
     parser.add_argument(
         "--large", action="store_true", help="also measure a 10M-row buffer"
