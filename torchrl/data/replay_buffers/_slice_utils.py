@@ -17,6 +17,7 @@ Three concerns live here, so that the sampler module only calls them:
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -326,15 +327,15 @@ def finish_slices(
         info[mask_key] = ~burn
 
     markers = _StoredMarkers(
-        truncated_key,
-        init_key,
-        first,
-        last,
-        num_rows,
-        device,
-        storage,
-        index_tuple,
-        [key for key in (mask_key, burn_in_key) if key in info],
+        truncated_key=truncated_key,
+        init_key=init_key,
+        first=first,
+        last=last,
+        num_rows=num_rows,
+        device=device,
+        storage=storage,
+        index=index_tuple,
+        computed=[key for key in (mask_key, burn_in_key) if key in info],
     )
     if _MARKERS_FROM_SAMPLE.get():
         # the buffer reads the stored entries out of the rows it gathers
@@ -344,6 +345,7 @@ def finish_slices(
     return index_tuple, info
 
 
+@dataclasses.dataclass(slots=True)
 class _StoredMarkers:
     """The markers of a sample, to be completed with stored entries.
 
@@ -356,39 +358,17 @@ class _StoredMarkers:
     the rows it gathers anyway, by :func:`complete_markers`.
     """
 
-    __slots__ = (
-        "truncated_key",
-        "init_key",
-        "first",
-        "last",
-        "num_rows",
-        "device",
-        "storage",
-        "index",
-        "computed",
-    )
-
-    def __init__(
-        self,
-        truncated_key,
-        init_key,
-        first,
-        last,
-        num_rows,
-        device,
-        storage,
-        index,
-        computed,
-    ):
-        self.truncated_key = truncated_key
-        self.init_key = init_key
-        self.first = first
-        self.last = last
-        self.num_rows = num_rows
-        self.device = device
-        self.storage = storage
-        self.index = index
-        self.computed = computed
+    truncated_key: NestedKey | None
+    init_key: NestedKey
+    first: slice | torch.Tensor
+    last: slice | torch.Tensor
+    num_rows: int
+    device: torch.device
+    storage: Any
+    #: the sampled index, to read the stored entries out of the storage
+    index: tuple[torch.Tensor, ...]
+    #: the markers computed without stored entries (padding mask, burn-in)
+    computed: list[NestedKey]
 
     def fill(
         self, info: dict, get: Callable[[NestedKey], Any], in_place: bool = False
