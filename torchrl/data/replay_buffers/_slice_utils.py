@@ -226,10 +226,9 @@ def _starts_and_lengths(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(seq_length, torch.Tensor):
         lengths = seq_length.to(device=device, dtype=torch.long).reshape(-1)
-        starts = lengths.cumsum(0) - lengths
     else:
         lengths = torch.full((num_rows // seq_length,), seq_length, device=device)
-        starts = torch.arange(0, num_rows, seq_length, device=device)
+    starts = lengths.cumsum(0) - lengths
     return starts, lengths
 
 
