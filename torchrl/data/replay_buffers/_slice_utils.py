@@ -463,9 +463,12 @@ def complete_markers(info: dict, data: Any) -> bool:
     Rows gathered out of a :class:`~torchrl.data.TensorStorage` into a
     :class:`~tensordict.TensorDict` are new tensors that the sample owns: the
     markers are written into them (``done`` and ``is_init`` in place). Other
-    rows (e.g. the list of a :class:`~torchrl.data.ListStorage`) are not read:
-    the entries are read out of the storage, as outside
-    :class:`markers_from_sample`, and :func:`write_row_markers` writes them.
+    tensordict rows (e.g. the lazy stack of a
+    :class:`~torchrl.data.LazyStackStorage`, which holds the stored
+    tensordicts) are read, not written: :func:`write_row_markers` writes the
+    markers. Rows that are not a tensordict (e.g. the list of a
+    :class:`~torchrl.data.ListStorage`) are not read: the entries are read out
+    of the storage, as outside :class:`markers_from_sample`.
 
     Returns:
         whether ``data`` holds every marker of ``info``.
@@ -474,11 +477,14 @@ def complete_markers(info: dict, data: Any) -> bool:
     if markers is None:
         return False
     if not (
-        type(data) is TensorDict
-        and isinstance(markers.storage, TensorStorage)
+        is_tensor_collection(data)
+        and not is_tensorclass(data)
         and data.batch_size[:1] == (markers.num_rows,)
     ):
         markers.fill(info, _ColumnReader(markers.storage, markers.index).get)
+        return False
+    if not (type(data) is TensorDict and isinstance(markers.storage, TensorStorage)):
+        markers.fill(info, lambda key: data.get(key, None))
         return False
 
     def get(key):
