@@ -173,9 +173,11 @@ def test_index_equals_full_scan(
     storage = make_storage(kind, scratch / "indexed", capacity)
     sampler = make_sampler(cls, capacity, **kwargs)
     rb = ReplayBuffer(storage=storage, sampler=sampler, batch_size=8)
-    # the same writes into a buffer whose sampler always scans the storage
+    # the same writes into a buffer whose sampler always scans the storage,
+    # and takes the general slicing path where the indexed one has a fast path
     reference = make_sampler(cls, capacity, **kwargs)
     reference._indexed_stop_and_length = lambda storage: None
+    reference._plan_slices = False
     rb_reference = ReplayBuffer(
         storage=make_storage(kind, scratch / "scanned", capacity),
         sampler=reference,
@@ -224,6 +226,53 @@ def test_index_equals_full_scan(
 
 def _extend_steps(rb, writer, steps, ends=(), env=0):
     rb.extend(writer.data(env, steps, list(ends)))
+
+
+PLAN_CASES = [
+    ("tensor", {}, True),
+    ("memmap", {}, True),
+    # every trajectory holds a slice
+    ("tensor", {"strict_length": False}, True),
+    ("tensor", {"burn_in": 2}, False),
+    ("tensor", {"strict_length": False, "pad_output": True}, False),
+    ("tensor", {"span": True}, False),
+    ("tensor2d", {}, False),
+]
+
+
+@pytest.mark.parametrize(
+    "cls,kind,kwargs,planned",
+    [
+        (cls, *case)
+        for cls in (SliceSampler, SliceSamplerWithoutReplacement)
+        for case in PLAN_CASES
+        # SliceSamplerWithoutReplacement takes no span
+        if cls is SliceSampler or "span" not in case[1]
+    ],
+)
+def test_planned_path_for_the_common_case(
+    tmp_path, monkeypatch, cls, kind, kwargs, planned
+):
+    """Slices of one length in a 1-d storage skip _get_index; other layouts take it."""
+    general = []
+    get_index = SliceSampler._get_index
+    monkeypatch.setattr(
+        SliceSampler,
+        "_get_index",
+        lambda self, *args, **kw: general.append(1) or get_index(self, *args, **kw),
+    )
+    ndim = 2 if kind == "tensor2d" else 1
+    capacity = 100 * ndim
+    sampler = cls(num_slices=2, **kwargs)
+    rb = ReplayBuffer(
+        storage=make_storage(kind, tmp_path, capacity), sampler=sampler, batch_size=8
+    )
+    writer = _Writer(ndim, 2, "auto")
+    # 16-step trajectories, wrapping around the storage end
+    for i in range(12):
+        _extend_steps(rb, writer, 16, ends=[15], env=i % 2)
+        rb.sample()
+    assert bool(general) is not planned
 
 
 @pytest.mark.parametrize("cls", SAMPLERS)
