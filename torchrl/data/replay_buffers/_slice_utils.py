@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -390,6 +391,7 @@ class _StoredMarkers:
             shape = (self.num_rows, 1)
             if done is not None and done.shape != shape and done.numel() == shape[0]:
                 shape = done.shape
+            ends = self._rows_mask(self.last, len(shape))
             truncated = get(truncated_key) if in_place else None
             if (
                 truncated is not None
@@ -397,19 +399,18 @@ class _StoredMarkers:
                 and truncated.dtype == torch.bool
                 and truncated.device == device
             ):
-                truncated.zero_()
+                truncated.copy_(ends)
             else:
-                truncated = torch.zeros(shape, dtype=torch.bool, device=device)
+                truncated = ends.expand(shape).clone()
                 new.append(truncated_key)
-            truncated[self.last] = True
             if done is None:
                 done = truncated.clone()
                 new.append(done_key)
+            elif in_place and done.device == device:
+                done.logical_or_(ends)
             else:
-                if not in_place or done.device != device:
-                    done = done.to(device=device, copy=True)
-                    new.append(done_key)
-                done[self.last] = True
+                done = done.to(device) | ends
+                new.append(done_key)
             terminated = get(terminated_key)
             if terminated is None:
                 terminated = torch.zeros_like(truncated)
@@ -423,13 +424,39 @@ class _StoredMarkers:
         init_key = self.init_key
         is_init = get(init_key)
         if is_init is not None:
-            if not in_place or is_init.device != device:
-                is_init = is_init.to(device=device, copy=True)
+            starts = self._rows_mask(self.first, is_init.ndim)
+            if in_place and is_init.device == device:
+                is_init.logical_or_(starts)
+            else:
+                is_init = is_init.to(device) | starts
                 new.append(init_key)
-            is_init[self.first] = True
             info[init_key] = is_init
         new.extend(self.computed)
         return new
+
+    def _rows_mask(self, rows: slice | torch.Tensor, ndim: int) -> torch.Tensor:
+        # A boolean mask of the sample's ``rows`` (not to be written to),
+        # shaped to broadcast against a marker of ``ndim`` dimensions
+        if isinstance(rows, slice):
+            return _strided_rows_mask(
+                self.num_rows, rows.start, rows.step, ndim, self.device
+            )
+        mask = torch.zeros(
+            (self.num_rows,) + (1,) * (ndim - 1), dtype=torch.bool, device=self.device
+        )
+        mask[rows] = True
+        return mask
+
+
+@functools.lru_cache(maxsize=32)
+def _strided_rows_mask(
+    num_rows: int, start: int | None, step: int, ndim: int, device: torch.device
+) -> torch.Tensor:
+    # Slices of one length start and end at strided rows: the same mask for
+    # every sample of a sampler, cached (and so never written to).
+    mask = torch.zeros((num_rows,) + (1,) * (ndim - 1), dtype=torch.bool, device=device)
+    mask[start::step] = True
+    return mask
 
 
 _MARKERS_FROM_SAMPLE = contextvars.ContextVar(
