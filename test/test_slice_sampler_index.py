@@ -237,6 +237,8 @@ PLAN_CASES = [
     ("tensor", {"strict_length": False, "pad_output": True}, False),
     ("tensor", {"span": True}, False),
     ("tensor2d", {}, False),
+    # the compiled _get_index is taken
+    ("tensor", {"compile": {"backend": "eager"}}, False),
 ]
 
 
