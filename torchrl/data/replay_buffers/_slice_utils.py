@@ -441,11 +441,15 @@ class _StoredMarkers:
             return _strided_rows_mask(
                 self.num_rows, rows.start, rows.step, ndim, self.device
             )
-        mask = torch.zeros(
-            (self.num_rows,) + (1,) * (ndim - 1), dtype=torch.bool, device=self.device
-        )
-        mask[rows] = True
-        return mask
+        return _new_rows_mask(self.num_rows, rows, ndim, self.device)
+
+
+def _new_rows_mask(
+    num_rows: int, rows: slice | torch.Tensor, ndim: int, device: torch.device
+) -> torch.Tensor:
+    mask = torch.zeros((num_rows,) + (1,) * (ndim - 1), dtype=torch.bool, device=device)
+    mask[rows] = True
+    return mask
 
 
 @functools.lru_cache(maxsize=32)
@@ -454,9 +458,7 @@ def _strided_rows_mask(
 ) -> torch.Tensor:
     # Slices of one length start and end at strided rows: the same mask for
     # every sample of a sampler, cached (and so never written to).
-    mask = torch.zeros((num_rows,) + (1,) * (ndim - 1), dtype=torch.bool, device=device)
-    mask[start::step] = True
-    return mask
+    return _new_rows_mask(num_rows, slice(start, None, step), ndim, device)
 
 
 _MARKERS_FROM_SAMPLE = contextvars.ContextVar(
