@@ -277,6 +277,32 @@ def test_planned_path_for_the_common_case(
     assert bool(general) is not planned
 
 
+@pytest.mark.parametrize("cls", [SliceSampler, SliceSamplerWithoutReplacement])
+def test_compiled_sampler_as_the_buffer_fills(cls):
+    """compile=True samples what eager sampling does while the trajectories (and slices) change in number."""
+    # a fresh compile cache, so that the sizes below are the first ones seen
+    torch._dynamo.reset()
+    rbs = [
+        ReplayBuffer(
+            storage=LazyTensorStorage(100),
+            sampler=cls(num_slices=2, traj_key="episode", **kwargs),
+            batch_size=8,
+        )
+        for kwargs in ({}, {"compile": {"backend": "eager"}})
+    ]
+    writer = _Writer(1, 1, "episode")
+    # trajectories of 4 to 15 steps; SliceSamplerWithoutReplacement draws as
+    # many slices as are left (fewer than 2 at the end of an epoch)
+    for i in range(12):
+        data = writer.data(0, 16, [3 + i])
+        index = []
+        for rb in rbs:
+            rb.extend(data)
+            torch.manual_seed(i)
+            index.append(rb.sample(return_info=True)[1]["index"])
+        torch.testing.assert_close(index[1], index[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("cls", SAMPLERS)
 @pytest.mark.parametrize("kind", ["tensor", "memmap", "tensor2d"])
 @pytest.mark.parametrize("keys", sorted(KEY_MODES))
