@@ -31,6 +31,12 @@ stored). For pristine TorchRL 0.12.0 and the fork, measured in the same run:
 - ``extend us/1k``: the median time of ``rb.extend`` of 1,000 rows into the
   full buffer, per 1,000 rows.
 
+Below the table, for each storage and key: how each time grows from 10k rows to
+the largest size, with the cost of ``rb.sample()`` beyond the gather it holds
+(``sample us`` less ``gather us``). A sampler that costs O(batch) keeps that
+cost as the buffer grows; ``rb.sample()`` still grows with its gather, which
+misses the caches more in a larger buffer.
+
 The machine's speed drifts over seconds: every quantity is timed back to back
 in each of ``--rounds`` rounds, a ratio is taken within a round, and each
 column is the median over rounds.
@@ -208,8 +214,9 @@ def _report(results: dict) -> None:
     print()
     print(
         "growth from 10k rows to the largest size (sample: rb.sample(); gather: "
-        "the plain gather it contains; sampler: the sampler's own work), and "
-        "extend time per row, fork / pristine:"
+        "the plain gather it contains; sampler: the sampler's own work; beyond "
+        "the gather: rb.sample() less the gather), and extend time per row, "
+        "fork / pristine:"
     )
     for prefix in sorted({row.rsplit(" ", 1)[0] for row in rows}):
         sized = [row for row in rows if row.startswith(prefix + " ")]
@@ -223,6 +230,18 @@ def _report(results: dict) -> None:
                 f"{col.split()[0]} pristine {growth['pristine']:.2f} "
                 f"fork {growth['fork']:.2f}"
             )
+        # what rb.sample() costs beyond the gather it holds
+        beyond = {
+            side: [
+                results[side][row]["sample us"] - results[side][row]["gather us"]
+                for row in (sized[0], sized[-1])
+            ]
+            for side in SIDES
+        }
+        parts.append(
+            f"beyond the gather pristine {beyond['pristine'][1] / beyond['pristine'][0]:.2f} "
+            f"fork {beyond['fork'][1] / beyond['fork'][0]:.2f}"
+        )
         extend = statistics.median(
             results["fork"][row]["extend us/1k"]
             / results["pristine"][row]["extend us/1k"]
