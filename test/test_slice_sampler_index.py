@@ -291,8 +291,9 @@ def test_compiled_sampler_as_the_buffer_fills(cls):
         for kwargs in ({}, {"compile": {"backend": "eager"}})
     ]
     writer = _Writer(1, 1, "episode")
-    # trajectories of 4 to 15 steps; SliceSamplerWithoutReplacement draws as
-    # many slices as are left (fewer than 2 at the end of an epoch)
+    # write i ends a trajectory at its step 3 + i: the trajectories change in
+    # number and length; SliceSamplerWithoutReplacement draws as many slices
+    # as are left (fewer than 2 at the end of an epoch)
     for i in range(12):
         data = writer.data(0, 16, [3 + i])
         index = []
