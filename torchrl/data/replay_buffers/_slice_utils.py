@@ -235,7 +235,7 @@ def _starts_and_lengths(
 
 def finish_slices(
     storage,
-    index: torch.Tensor,
+    index: torch.Tensor | tuple[torch.Tensor, ...],
     seq_length: int | torch.Tensor,
     num_slices: int,
     *,
@@ -258,8 +258,9 @@ def finish_slices(
 
     Args:
         storage (Storage): the sampled storage.
-        index (torch.Tensor): ``[N, storage.ndim]`` indices of the slices laid
-            end to end.
+        index (torch.Tensor or tuple of torch.Tensor): ``[N, storage.ndim]``
+            indices of the slices laid end to end, or the ``storage.ndim``
+            ``[N]`` long tensors of its columns.
         seq_length (int or torch.Tensor): length of every slice, or of each.
         num_slices (int): the number of slices.
 
@@ -284,10 +285,12 @@ def finish_slices(
         the index as a tuple of long tensors, and the info dict.
     """
     info = {} if info is None else info
-    index = index.to(torch.long)
-    num_rows = index.shape[0]
-    device = index.device
-    index_tuple = index.unbind(-1)
+    if isinstance(index, tuple):
+        index_tuple = index
+    else:
+        index_tuple = index.to(torch.long).unbind(-1)
+    num_rows = index_tuple[0].shape[0]
+    device = index_tuple[0].device
     if isinstance(seq_length, int) and pad_to is None and burn_in is None:
         # slices of seq_length rows each: strided rows start and end them
         first = slice(None, None, seq_length)
