@@ -14,7 +14,7 @@ OVERLAY := $(shell find torchrl -type f ! -path '*/__pycache__/*' 2>/dev/null)
 OWN_PY = $(shell git ls-files --cached --others --exclude-standard -- '*.py')
 
 .PHONY: install dev demo test pytest lint check docs bench upstream-diff \
-	sync export wheel clean upstream-tests
+	sync export wheel clean upstream-tests upstream-test-map
 
 # The virtual environment with the pins (requirements/*.txt, UPSTREAM.toml).
 $(VENV)/.deps: $(REQS) $(CONSTRAINTS)
@@ -65,6 +65,7 @@ export: $(VENV)/.deps
 
 check: $(VENV)/.deps
 	$(FORK) check
+	$(PY) .ci/upstream_map.py check
 
 wheel: $(VENV)/.deps
 	$(FORK) wheel
@@ -89,10 +90,19 @@ test: install build/fork $(VENV)/.lint-deps $(VENV)/.docs-deps
 # rerun on build/upstream (SIDES=both: pristine runs everything too). Exits
 # non-zero on a test that passes on pristine and fails on the fork; the tests
 # that fail on pristine too are listed in .ci/upstream-pristine-failures.txt.
+# By default only the tests that the test-impact map (.ci/upstream_map.py) shows
+# executing a function the fork changes run, with every test the map has not
+# seen; FULL=1 runs them all.
 UPSTREAM_TESTS ?= ../shared/upstream-tests-v0.12.0
 SIDES ?= rerun
 upstream-tests: $(VENV)/.upstream-test-deps build/fork
-	$(PY) .ci/upstream_tests.py --tests $(UPSTREAM_TESTS) --sides $(SIDES)
+	$(PY) .ci/upstream_tests.py --tests $(UPSTREAM_TESTS) --sides $(SIDES) $(if $(FULL),--full)
+
+# Records the test-impact map: upstream's suite on pristine under coverage
+# (about an hour on 2 cores), folded into .ci/upstream-test-map.json.gz.
+upstream-test-map: $(VENV)/.upstream-test-deps build/fork
+	$(PY) .ci/upstream_tests.py --tests $(UPSTREAM_TESTS) --record-map --out build/upstream-map-run
+	$(PY) .ci/upstream_map.py build --run build/upstream-map-run --tests $(UPSTREAM_TESTS)
 
 # The main job: recurrent PPO learns CartPole without velocities (100k frames,
 # about 2 minutes on 2 cores), then the replay-buffer pipeline example.

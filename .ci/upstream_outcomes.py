@@ -8,11 +8,14 @@ Loaded with ``-p upstream_outcomes`` (its folder is put on ``PYTHONPATH``).
 
 - ``UPSTREAM_OUTCOMES=FILE``: the controlling process (not an xdist worker)
   appends one JSON line per test phase report and per failed collection:
-  ``{"nodeid", "when", "outcome", "message", "longrepr"}``.
+  ``{"nodeid", "when", "outcome", "duration", "message", "longrepr"}``.
 - ``UPSTREAM_SELECT=FILE``: only the items whose node id (or a parent's node
   id: a module, a class) is listed in FILE, one per line, are run; the others
   are deselected. Ids that no longer exist are simply not run (pytest would
   refuse the whole command line for one unknown node id argument).
+- ``UPSTREAM_DESELECT=FILE``: the items whose node id is listed in FILE are
+  deselected (the tests the test-impact map shows cannot see the fork's
+  change); every other item runs.
 """
 from __future__ import annotations
 
@@ -46,6 +49,11 @@ def _texts(report) -> tuple[str, str]:
     return message.splitlines()[0][:300] if message else "", longrepr[-_MAX_LONGREPR:]
 
 
+def _read_ids(path: str) -> set[str]:
+    with open(path, encoding="utf-8") as f:
+        return {line.rstrip("\n") for line in f if line.strip()}
+
+
 def pytest_configure(config):
     config.pluginmanager.register(_Recorder(config), "upstream_outcomes_recorder")
 
@@ -65,6 +73,7 @@ class _Recorder:
                 "nodeid": report.nodeid,
                 "when": report.when,
                 "outcome": outcome,
+                "duration": round(report.duration, 4),
                 "message": message,
                 "longrepr": longrepr,
             },
@@ -85,16 +94,20 @@ class _Recorder:
             )
 
     def pytest_collection_modifyitems(self, config, items):
+        keep, drop = list(items), []
         path = os.environ.get("UPSTREAM_SELECT")
-        if not path:
-            return
-        with open(path, encoding="utf-8") as f:
-            wanted = {line.rstrip("\n") for line in f if line.strip()}
-        keep, drop = [], []
-        for item in items:
-            parts = item.nodeid.split("::")
-            parents = {"::".join(parts[:i]) for i in range(1, len(parts) + 1)}
-            (keep if parents & wanted else drop).append(item)
+        if path:
+            wanted = _read_ids(path)
+            keep = []
+            for item in items:
+                parts = item.nodeid.split("::")
+                parents = {"::".join(parts[:i]) for i in range(1, len(parts) + 1)}
+                (keep if parents & wanted else drop).append(item)
+        path = os.environ.get("UPSTREAM_DESELECT")
+        if path:
+            unwanted = _read_ids(path)
+            drop += [item for item in keep if item.nodeid in unwanted]
+            keep = [item for item in keep if item.nodeid not in unwanted]
         if drop:
             config.hook.pytest_deselected(items=drop)
             items[:] = keep

@@ -58,6 +58,7 @@ TARGETS = (
 )
 FAILING = ("failed", "error")
 PLUGIN = Path(__file__).resolve().parent / "upstream_outcomes.py"
+IMPACT_PLUGIN = Path(__file__).resolve().parent / "upstream_impact.py"
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Result:
     outcomes: dict[str, str] = field(default_factory=dict)
     messages: dict[str, str] = field(default_factory=dict)
     longreprs: dict[str, str] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     cpu_seconds: float = 0.0
 
@@ -74,6 +76,7 @@ class Result:
         self.outcomes.update(other.outcomes)
         self.messages.update(other.messages)
         self.longreprs.update(other.longreprs)
+        self.durations.update(other.durations)
         self.seconds += other.seconds
         self.cpu_seconds += other.cpu_seconds
 
@@ -98,6 +101,9 @@ def parse_outcomes(path: Path) -> Result:
     for line in path.read_text(encoding="utf-8").splitlines():
         rec = json.loads(line)
         nodeid, outcome = rec["nodeid"], rec["outcome"]
+        result.durations[nodeid] = result.durations.get(nodeid, 0.0) + rec.get(
+            "duration", 0.0
+        )
         if outcome == "xfailed":
             outcome = "skipped"
         if outcome == "failed" and rec["when"] != "call":
@@ -144,6 +150,7 @@ class Runner:
         self.python = args.python
         self.out = Path(args.out).resolve()
         self.calls = 0
+        self.deselect: Path | None = None
 
     def _env(self, side_path: Path, select: Path | None, outcomes: Path) -> dict:
         env = dict(os.environ)
@@ -154,9 +161,15 @@ class Runner:
         )
         env["UPSTREAM_OUTCOMES"] = str(outcomes)
         env.pop("UPSTREAM_SELECT", None)
+        env.pop("UPSTREAM_DESELECT", None)
         if select is not None:
             env["UPSTREAM_SELECT"] = str(select)
+        elif self.deselect is not None:
+            env["UPSTREAM_DESELECT"] = str(self.deselect)
         env.pop("PYTEST_ADDOPTS", None)
+        env.pop("UPSTREAM_IMPACT", None)
+        if self.args.record_map:
+            env["UPSTREAM_IMPACT"] = str(self.out / "impact")
         return env
 
     def check_side(self, side_path: Path) -> None:
@@ -205,11 +218,16 @@ class Runner:
             "no:cacheprovider",
             "-p",
             "upstream_outcomes",
+            *(["-p", "upstream_impact"] if self.args.record_map else []),
             "-q",
             # One module that does not import must not hide the others' results.
             "--continue-on-collection-errors",
             *([f"--timeout={self.args.timeout}"] if self.args.timeout else []),
-            *(["-n", str(workers)] if workers > 0 else ["-p", "no:xdist"]),
+            *(
+                ["-n", str(workers), "--dist", "worksteal"]
+                if workers > 0
+                else ["-p", "no:xdist"]
+            ),
             *self.args.pytest_args,
             *paths,
         ]
@@ -265,6 +283,54 @@ class Runner:
         print(f"  {side:8} {label:34} {_fmt_counts(res)}", flush=True)
         return res
 
+    def select_by_map(self, tests: Path, fork: Path, pristine: Path, known) -> str:
+        """Deselects the mapped tests that execute nothing the fork changes.
+
+        Also deselected: the tests that failed on pristine while the map was
+        recorded and that an entry of ``--known`` explains (they pass on
+        neither side, so no fork-only failure can hide there).
+
+        Returns a line that says what was selected. Nothing is deselected with
+        ``--full``, without a map, or for another suite than the map's.
+        """
+        args = self.args
+        if args.full or args.record_map or args.sides == "both":
+            return "every test (--full)" if args.full else "every test"
+        path = Path(args.map)
+        if not path.exists():
+            return f"every test (no test-impact map at {path})"
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import upstream_map
+
+        tmap = upstream_map.Map(path)
+        if tmap.data["suite_sha256"] != upstream_map.suite_sha256(tests):
+            return f"every test ({tests} is not the suite the map was recorded on)"
+        stale = tmap.stale(pristine, fork)
+        if stale:
+            sys.exit(
+                "upstream-tests: the test-impact map is stale:"
+                + "".join(f"\n  {p}" for p in stale)
+                + "\nRun `make upstream-test-map` to record it again, or pass FULL=1."
+            )
+        wanted = upstream_map.changed_scopes(fork, pristine)
+        chosen, _ = tmap.select(wanted)
+        skipped = sorted(set(tmap.tests) - chosen)
+        failing = sorted(
+            n
+            for n in tmap.data.get("failing_on_pristine", [])
+            if known.match(n) is not None
+        )
+        self.deselect = self.out / "deselected.txt"
+        self.deselect.write_text("".join(n + "\n" for n in skipped + failing))
+        return (
+            f"{len(chosen)} of the {len(tmap.tests)} tests of the test-impact map "
+            f"execute a function the fork changes and run, with every test the map "
+            f"has not seen; {len(skipped)} deselected "
+            f"({tmap.seconds(skipped) / 60:.0f} test-minutes on pristine), and "
+            f"{len(failing)} known failures that failed on pristine while the map "
+            f"was recorded (FULL=1 runs them all)"
+        )
+
     def main(self) -> int:
         args = self.args
         tests = Path(args.tests).resolve()
@@ -277,12 +343,14 @@ class Runner:
         self.timings: list[tuple[str, str, Result]] = []
         self.intermittent: list[str] = []
         known = Known(Path(args.known) if args.known else None)
+        self.selection = self.select_by_map(tests, fork, pristine, known)
         wall = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="upstream-tests-") as tmp:
             self.work = Path(tmp) / "suite"
             shutil.copytree(tests, self.work)
             (self.work / "_plugin").mkdir()
             shutil.copy(PLUGIN, self.work / "_plugin" / PLUGIN.name)
+            shutil.copy(IMPACT_PLUGIN, self.work / "_plugin" / IMPACT_PLUGIN.name)
             for side_path in (fork, pristine):
                 self.check_side(side_path)
             print(
@@ -290,6 +358,14 @@ class Runner:
                 f"(pristine), {args.workers} workers, logs in {self.out}",
                 flush=True,
             )
+            print(f"upstream-tests: runs {self.selection}", flush=True)
+            if args.record_map:
+                # What each test runs of pristine torchrl, for the map builder
+                # (it reads the outcomes from the logs of this run).
+                _, broken = self.run_targets("pristine", pristine)
+                if broken:
+                    print("\n".join(broken))
+                return 2 if broken else 0
             fork_res, broken = self.run_targets("fork", fork)
             first_fail = fork_res.failing()
             retry = self.rerun("fork", fork, first_fail, 0, "retry-serial")
@@ -359,6 +435,7 @@ class Runner:
                 f"  {side:8} {target:34} {res.seconds:6.0f} s wall "
                 f"{res.cpu_seconds:6.0f} s cpu  {_fmt_counts(res)}"
             )
+        print(f"selection: {self.selection}")
         print(f"fork:     {_fmt_counts(fork_res)} (after the serial retry)")
         if args.sides == "both":
             print(f"pristine: {_fmt_counts(pristine_res)} (after the serial retry)")
@@ -393,7 +470,8 @@ class Runner:
         if known.entries:
             matched = {p for p, _ in by_entry}
             stale = [p for p, _, _ in known.entries if p not in matched]
-            if stale and (args.sides == "both" or len(args.targets) == len(TARGETS)):
+            whole = len(args.targets) == len(TARGETS) and self.deselect is None
+            if stale and (args.sides == "both" or whole):
                 print(f"known entries that no longer fail on the fork: {len(stale)}")
                 for p in stale:
                     print(f"  {p}")
@@ -510,6 +588,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=str(ROOT / "build" / "upstream-tests"))
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument(
+        "--map",
+        default=str(ROOT / ".ci" / "upstream-test-map.json.gz"),
+        help="the test-impact map (.ci/upstream_map.py)",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="run every test, not only those the test-impact map selects",
+    )
+    parser.add_argument(
+        "--record-map",
+        action="store_true",
+        help="run pristine only, recording what each test executes (upstream_map.py)",
+    )
     parser.add_argument(
         "--tracebacks", type=int, default=10, help="fork-only tracebacks to print"
     )

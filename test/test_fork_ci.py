@@ -344,3 +344,198 @@ class TestUpstreamTests:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         last = proc.stdout.rstrip().splitlines()[-1]
         assert last.startswith("upstream-tests: OK, fork-only failures: 0;"), last
+
+
+_PRISTINE_MODULE = '''"""A stand-in for the torchrl package."""
+import os
+
+
+def used():
+    return 1
+
+
+def unused():
+    return 2
+
+
+class Config:
+    """Read by its method."""
+
+    value = 1
+
+    def read(self):
+        return self.value
+'''
+
+_SUITE = """import torchrl
+
+
+def test_used():
+    assert torchrl.used() == 1
+
+
+def test_config():
+    assert torchrl.Config().read() == 1
+
+
+def test_untouched():
+    assert torchrl.os is not None
+
+
+def test_fails_on_pristine():
+    assert torchrl.used() == 3
+"""
+
+
+class TestUpstreamTestMap:
+    """The test-impact map: only tests that execute changed code are run."""
+
+    RUNNER = ROOT / ".ci" / "upstream_tests.py"
+    MAP = ROOT / ".ci" / "upstream_map.py"
+
+    @staticmethod
+    def _git(cwd: Path, *args: str) -> None:
+        env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+        env.update({f"GIT_{w}_NAME": "t" for w in ("AUTHOR", "COMMITTER")})
+        env.update({f"GIT_{w}_EMAIL": "t@t" for w in ("AUTHOR", "COMMITTER")})
+        subprocess.run(
+            ["git", *args], cwd=cwd, check=True, env=env, capture_output=True
+        )
+
+    def _layout(self, tmp_path: Path) -> tuple[Path, Path, Path]:
+        suite = tmp_path / "suite"
+        (suite / "test").mkdir(parents=True)
+        (suite / "pytest.ini").write_text("[pytest]\ntestpaths = test\n")
+        (suite / "test" / "test_fake.py").write_text(_SUITE)
+        pristine, fork = tmp_path / "pristine", tmp_path / "fork"
+        for side in (pristine, fork):
+            (side / "torchrl").mkdir(parents=True)
+            (side / "torchrl" / "__init__.py").write_text(_PRISTINE_MODULE)
+        self._git(fork, "init", "-q")
+        self._git(fork, "add", "-A")
+        self._git(fork, "commit", "-q", "-m", "pristine")
+        self._git(fork, "tag", "upstream")
+        return suite, pristine, fork
+
+    def _run(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, *map(str, args)], capture_output=True, text=True
+        )
+
+    def test_selects_tests_that_execute_a_change(self, tmp_path):
+        pytest.importorskip("coverage")
+        suite, pristine, fork = self._layout(tmp_path)
+        common = ["--tests", suite, "--pristine", pristine, "--fork", fork]
+        rec = self._run(
+            self.RUNNER,
+            *common,
+            "--record-map",
+            "--targets",
+            "test",
+            "-n",
+            "0",
+            "--timeout",
+            "0",
+            "--out",
+            tmp_path / "rec",
+        )
+        assert rec.returncode == 0, rec.stdout + rec.stderr
+        tmap = tmp_path / "map.json.gz"
+        built = self._run(
+            self.MAP,
+            "build",
+            "--run",
+            tmp_path / "rec",
+            "--tests",
+            suite,
+            "--pristine",
+            pristine,
+            "--fork",
+            fork,
+            "--out",
+            tmap,
+        )
+        assert built.returncode == 0, built.stdout + built.stderr
+        # the fork changes a function one test runs, a class attribute another
+        # test reads through a method, and a function no test runs
+        module = fork / "torchrl" / "__init__.py"
+        module.write_text(
+            module.read_text()
+            .replace("return 1\n", "return -1\n", 1)
+            .replace("value = 1", "value = 2")
+            .replace("return 2\n", "return 5\n")
+        )
+        check = self._run(
+            self.MAP, "check", "--map", tmap, "--pristine", pristine, "--fork", fork
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+        proc = self._run(
+            self.RUNNER,
+            *common,
+            "--map",
+            tmap,
+            "--known",
+            tmp_path / "absent.txt",
+            "--targets",
+            "test",
+            "-n",
+            "0",
+            "--timeout",
+            "0",
+            "--out",
+            tmp_path / "out",
+        )
+        out = proc.stdout
+        assert proc.returncode == 1, out + proc.stderr
+        assert "2 of the 3 tests of the test-impact map" in out, out
+        report = json.loads((tmp_path / "out" / "report.json").read_text())
+        assert report["fork"] == {
+            "test/test_fake.py::test_used": "failed",
+            "test/test_fake.py::test_config": "failed",
+            # failed on pristine while the map was recorded: always runs
+            "test/test_fake.py::test_fails_on_pristine": "failed",
+        }
+        assert sorted(report["fork_only"]) == [
+            "test/test_fake.py::test_config",
+            "test/test_fake.py::test_used",
+        ]
+        # FULL=1 runs the deselected test too
+        full = self._run(
+            self.RUNNER,
+            *common,
+            "--map",
+            tmap,
+            "--full",
+            "--known",
+            tmp_path / "absent.txt",
+            "--targets",
+            "test",
+            "-n",
+            "0",
+            "--timeout",
+            "0",
+            "--out",
+            tmp_path / "full",
+        )
+        report = json.loads((tmp_path / "full" / "report.json").read_text())
+        assert (
+            report["fork"]["test/test_fake.py::test_untouched"] == "passed"
+        ), full.stdout
+        # a map recorded on another base is stale
+        (pristine / "torchrl" / "__init__.py").write_text(_PRISTINE_MODULE + "\n")
+        check = self._run(
+            self.MAP, "check", "--map", tmap, "--pristine", pristine, "--fork", fork
+        )
+        assert check.returncode == 1
+        assert (
+            "torchrl/__init__.py: pristine is not what the map was recorded on"
+            in check.stdout
+        )
+
+    def test_map_is_current(self):
+        """The committed map matches the pinned base (what ``make check`` runs)."""
+        fork, pristine = ROOT / "build" / "fork", ROOT / "build" / "upstream"
+        if not (pristine / "torchrl").is_dir():
+            pytest.skip("build/upstream is not laid out (make build/fork)")
+        proc = self._run(self.MAP, "check", "--pristine", pristine, "--fork", fork)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
