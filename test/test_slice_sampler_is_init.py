@@ -35,8 +35,12 @@ def _env_rows(lengths, traj_offset):
     return traj, step
 
 
-def _data(ndim, *, is_init=True, hidden=False):
-    """Two envs of 60 steps each, as ``[2, 60]`` or flattened to ``[120]``."""
+def _data(ndim, *, is_init=True, hidden=False, next_is_init=False):
+    """Two envs of 60 steps each, as ``[2, 60]`` or flattened to ``[120]``.
+
+    With ``next_is_init=True`` a ``("next", "is_init")`` entry is stored too,
+    ``True`` before each stored reset inside a trajectory.
+    """
     trajs, steps = zip(
         *(_env_rows(lengths, 10 * i) for i, lengths in enumerate(LENGTHS))
     )
@@ -58,6 +62,11 @@ def _data(ndim, *, is_init=True, hidden=False):
         for env, t in INNER_RESETS:
             init[env, t] = True
         fields["is_init"] = init
+    if next_is_init:
+        next_init = torch.zeros(num_envs, num_steps, 1, dtype=torch.bool)
+        for env, t in INNER_RESETS:
+            next_init[env, t - 1] = True
+        fields[("next", "is_init")] = next_init
     data = TensorDict(fields, [num_envs, num_steps])
     if hidden:
         data["features_in"] = torch.randn(num_envs, num_steps, 3)
@@ -156,6 +165,36 @@ class TestSliceStartMarkers:
         )
         sample = rb.sample()
         assert "is_init" not in sample.keys()
+        assert ("next", "is_init") not in sample.keys(True)
+
+    def test_next_markers(self, kind, cls, truncated_key, strict_length, tmp_path):
+        """``("next", "is_init")`` marks the slice starts too, when it is stored."""
+        torch.manual_seed(0)
+        rb, flat = _buffer(
+            kind,
+            tmp_path,
+            cls,
+            data_kwargs={"next_is_init": True},
+            truncated_key=truncated_key,
+            strict_length=strict_length,
+        )
+        for _ in range(1 if cls is SliceSamplerWithoutReplacement else 3):
+            sample = rb.sample()
+            next_init = sample["next", "is_init"].reshape(-1)
+            stored = _stored(flat, sample, ("next", "is_init")).reshape(-1)
+            starts, exact = _slice_starts(
+                sample, truncated_key=truncated_key, strict_length=strict_length
+            )
+            expected = stored.clone()
+            expected[starts] = True
+            if exact:
+                assert (next_init == expected).all()
+            else:
+                assert (next_init >= expected).all()
+            # the root marker is unchanged by it
+            root_expected = _stored(flat, sample, "is_init").reshape(-1).clone()
+            root_expected[starts] = True
+            assert (sample["is_init"].reshape(-1) >= root_expected).all()
 
 
 class TestPlainReplayBuffer:
@@ -174,6 +213,20 @@ class TestPlainReplayBuffer:
         expected = stored.clone()
         expected[::SLICE_LEN] = True
         assert (is_init == expected).all()
+
+    def test_next_markers_in_sample(self):
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(500),
+            sampler=SliceSampler(slice_len=SLICE_LEN),
+            batch_size=SLICE_LEN * NUM_SLICES,
+        )
+        data = _data(1, next_is_init=True)
+        rb.extend(data)
+        sample, info = rb.sample(return_info=True)
+        expected = data["next", "is_init"][sample["obs"]].reshape(-1).clone()
+        expected[::SLICE_LEN] = True
+        assert (info["next", "is_init"].reshape(-1) == expected).all()
+        assert (sample["next", "is_init"].reshape(-1) == expected).all()
 
 
 def _reference_lstm(module, sample, is_init):
