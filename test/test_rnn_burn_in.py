@@ -167,3 +167,27 @@ def test_sampled_slices(kind):
         out = module(sample.clone())["features"]
     ref = _reference(module, sample, layout)
     torch.testing.assert_close(out[~sample[BURN_IN]], ref)
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections")
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("stored_state", [True, False])
+def test_lstm_with_projections(layout, stored_state):
+    """``proj_size``: the output and the hidden state are smaller than the cell state."""
+    torch.manual_seed(0)
+    module = LSTMModule(
+        input_size=3, hidden_size=6, proj_size=4, in_key="obs", out_key="features"
+    )
+    data = _batch(module, LAYOUTS[layout], stored_state=False)
+    if stored_state:
+        n = data.shape[0]
+        data.set("recurrent_state_h", torch.randn(n, 1, 4))
+        data.set("recurrent_state_c", torch.randn(n, 1, 6))
+    with set_recurrent_mode(True):
+        out = module(data.clone())
+    train = ~data[BURN_IN]
+    assert out["features"].shape == (data.shape[0], 4)
+    assert out["next", "recurrent_state_h"].shape == (data.shape[0], 1, 4)
+    assert out["next", "recurrent_state_c"].shape == (data.shape[0], 1, 6)
+    ref = _reference(module, data, LAYOUTS[layout])
+    torch.testing.assert_close(out["features"][train], ref)

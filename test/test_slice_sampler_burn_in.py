@@ -234,7 +234,7 @@ def test_custom_burn_in_key_and_state_dict():
 
 class TestPrioritizedBurnIn:
     @staticmethod
-    def _buffer():
+    def _buffer(prefetch=None):
         data = _episodes([40, 40]).reshape(-1)
         rb = TensorDictReplayBuffer(
             storage=LazyTensorStorage(100),
@@ -249,6 +249,7 @@ class TestPrioritizedBurnIn:
             ),
             batch_size=20,
             priority_key="td_error",
+            prefetch=prefetch,
         )
         rb.extend(data)
         return rb
@@ -279,6 +280,29 @@ class TestPrioritizedBurnIn:
         assert only_burn.numel()
         assert torch.equal(after[only_burn], before[only_burn])
 
+    @pytest.mark.parametrize("which", ["prefetched", "earlier"])
+    def test_update_tensordict_priority_of_any_sample(self, which):
+        """Not only the last sample: one of a prefetching buffer, or an earlier one."""
+        rb = self._buffer(prefetch=3 if which == "prefetched" else None)
+        torch.manual_seed(0)
+        np.random.seed(0)
+        for _ in range(4):
+            sample = rb.sample()
+            if which == "earlier":
+                # the sampler's last sample is another one
+                rb.sample()
+            assert sample[BURN_IN].any()
+            before = self._priorities(rb)
+            rb.update_tensordict_priority(
+                sample.set("td_error", torch.full((44,), 7.0))
+            )
+            after = self._priorities(rb)
+            train = sample["index"][sample[MASK]]
+            burn = sample["index"][sample[BURN_IN]]
+            assert (after[train] == 7.0).all()
+            only_burn = burn[~torch.isin(burn, train)]
+            assert torch.equal(after[only_burn], before[only_burn])
+
     def test_weights_are_those_of_the_training_steps(self):
         rb = self._buffer()
         # one trajectory with much higher priorities: its training steps are
@@ -288,3 +312,100 @@ class TestPrioritizedBurnIn:
         sample = rb.sample()
         train = sample["index"][sample[MASK]]
         assert (train >= 40).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("cls", SAMPLERS)
+@pytest.mark.parametrize(
+    "strict_length,pad_output", [(False, True), (False, False), (True, False)]
+)
+def test_burn_in_in_a_trajectory_that_wraps_around(cls, strict_length, pad_output):
+    """A full circular storage: a trajectory runs past the end and on from row 0."""
+    burn_in, slice_len = 8, 3
+    first, second = _episodes([10, 15]), _episodes([15])
+    second[TRAJ_KEY] += 2
+    second["obs"] += 100
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(30),
+        sampler=make_sampler(
+            cls,
+            30,
+            slice_len=slice_len,
+            burn_in=burn_in,
+            strict_length=strict_length,
+            pad_output=pad_output,
+            traj_key=TRAJ_KEY,
+        ),
+        batch_size=10 * slice_len,
+    )
+    rb.extend(first.reshape(-1))
+    # rows 25..29 then 0..9: trajectory 2 wraps, trajectory 0 is overwritten
+    rb.extend(second.reshape(-1))
+    torch.manual_seed(0)
+    np.random.seed(0)
+    starts_in_wrapped_part = 0
+    for _ in range(30):
+        sample = rb.sample()
+        if pad_output:
+            length = burn_in + slice_len
+            bounds = [(a, a + length) for a in range(0, sample.shape[0], length)]
+        else:
+            ends = sample["next", "truncated"].reshape(-1).nonzero().squeeze(-1)
+            bounds = list(zip([0] + (ends[:-1] + 1).tolist(), (ends + 1).tolist()))
+        for a, b in bounds:
+            piece = sample[a:b]
+            training = piece[piece[MASK]]
+            assert (training[TRAJ_KEY] == training[0][TRAJ_KEY]).all()
+            assert torch.equal(
+                training["step"],
+                training[0]["step"] + torch.arange(training.shape[0]),
+            )
+            # as many burn-in rows as the trajectory allows, all of it
+            burn = piece[BURN_IN]
+            n = int(burn.sum())
+            assert burn[:n].all() and not burn[n:].any()
+            assert n == min(burn_in, int(training[0]["step"]))
+            assert (piece[:n][TRAJ_KEY] == training[0][TRAJ_KEY]).all()
+            assert torch.equal(
+                piece[:n]["step"], training[0]["step"] - n + torch.arange(n)
+            )
+            starts_in_wrapped_part += int(
+                training[0][TRAJ_KEY] == 2 and training[0]["step"] >= 5
+            )
+        if cls is SliceSamplerWithoutReplacement:
+            rb.sampler._empty()
+    assert starts_in_wrapped_part
+
+
+@settings(max_examples=80, deadline=None, database=None)
+@given(
+    lengths=st.lists(st.integers(0, 9), min_size=1, max_size=8),
+    ndim=st.sampled_from([0, 1, 2, 3]),
+    storage_length=st.integers(1, 40),
+    data=st.data(),
+)
+def test_slices_of_different_lengths_index(lengths, ndim, storage_length, data):
+    """The steps of slices of different lengths (burn-in near a trajectory start), slice by slice."""
+    num = len(lengths)
+    starts = torch.tensor(
+        data.draw(
+            st.lists(
+                st.lists(
+                    st.integers(0, 39), min_size=max(ndim, 1), max_size=max(ndim, 1)
+                ),
+                min_size=num,
+                max_size=num,
+            )
+        )
+    )
+    if not ndim:
+        starts = starts[:, 0]
+    index = SliceSampler(slice_len=4)._tensor_slices_from_startend(
+        torch.tensor(lengths), starts, storage_length
+    )
+    expected = []
+    for start, length in zip(starts.reshape(num, -1).tolist(), lengths):
+        for step in range(length):
+            expected.append([(start[0] + step) % storage_length] + start[1:])
+    expected = torch.tensor(expected, dtype=torch.long).reshape(-1, max(ndim, 1))
+    assert index.dtype == torch.long
+    assert torch.equal(index, expected)

@@ -30,7 +30,7 @@ from tensordict import (
     LazyStackedTensorDict,
     TensorDict,
 )
-from tensordict.utils import NestedKey
+from tensordict.utils import NestedKey, unravel_key
 
 from torchrl._user_stacklevel import _user_stacklevel
 from torchrl._utils import _replace_last, rl_warnings
@@ -60,6 +60,11 @@ class TrajectoryKeyFutureWarning(FutureWarning):
     advisory warnings, it is not emitted when the ``RL_WARNINGS`` environment
     variable is ``0`` (read when ``torchrl`` is imported).
     """
+
+
+def next_init_key(init_key: NestedKey) -> NestedKey:
+    """The slice-start marker under ``"next"``: ``("next", init_key)``."""
+    return unravel_key(("next", init_key))
 
 
 def check_nested_key(name: str, value: Any) -> NestedKey:
@@ -246,6 +251,7 @@ def finish_slices(
     mask_key: NestedKey = MASK_KEY,
     burn_in: torch.Tensor | None = None,
     burn_in_key: NestedKey = BURN_IN_KEY,
+    padded: bool = False,
 ) -> tuple[tuple[torch.Tensor, ...], dict]:
     """Turns the concatenated slice indices into the sampler's ``(index, info)``.
 
@@ -280,6 +286,10 @@ def finish_slices(
             ``mask_key`` entry is ``False`` there (and on padded rows).
         burn_in_key (NestedKey, optional): where the burn-in marker is
             written. Defaults to ``("collector", "burn_in")``.
+        padded (bool, optional): with ``pad_to`` and a tensor
+            ``seq_length``, whether ``index`` is padded already: ``pad_to``
+            rows per slice, the rows after its ``seq_length`` ones repeating
+            its last step. Defaults to ``False``.
 
     Returns:
         the index as a tuple of long tensors, and the info dict.
@@ -295,6 +305,9 @@ def finish_slices(
         # slices of seq_length rows each: strided rows start and end them
         first = slice(None, None, seq_length)
         last = slice(seq_length - 1, None, seq_length)
+    elif padded:
+        # the slices start every pad_to rows; first and last are set below
+        lengths = seq_length.to(device=device, dtype=torch.long).reshape(-1)
     else:
         starts, lengths = _starts_and_lengths(seq_length, num_slices, num_rows, device)
         first, last = starts, starts + lengths - 1
@@ -302,23 +315,26 @@ def finish_slices(
         burn_in = burn_in.to(device=device, dtype=torch.long).reshape(-1)
     if pad_to is not None:
         num_slices = lengths.shape[0]
-        offsets = torch.arange(pad_to, device=device).expand(num_slices, pad_to)
-        mask = offsets < lengths.unsqueeze(-1)
+        # [num_slices, pad_to] by broadcasting the offsets against each slice
+        offsets = torch.arange(pad_to, device=device)
+        last_step = (lengths - 1).unsqueeze(-1)
+        mask = offsets <= last_step
         if burn_in is not None:
             burn = offsets < burn_in.unsqueeze(-1)
-            info[burn_in_key] = burn.reshape(-1)
-            mask = mask & ~burn
-        if not bool(mask.all()):
+            info[burn_in_key] = burn.view(-1)
+            mask = mask.logical_and_(burn.logical_not())
+        if padded or not bool(mask.all()):
             # a padded row repeats the last step of its slice
-            step = torch.minimum(offsets, (lengths - 1).unsqueeze(-1))
-            gather = (starts.unsqueeze(-1) + step).reshape(-1)
-            index_tuple = tuple(idx[gather] for idx in index_tuple)
-            for key, val in list(info.items()):
-                if isinstance(val, torch.Tensor) and val.shape[:1] == (num_rows,):
-                    info[key] = val[gather]
-            first = (step == 0).reshape(-1)
-            last = (step == (lengths - 1).unsqueeze(-1)).reshape(-1)
-            num_rows = gather.shape[0]
+            step = torch.minimum(offsets, last_step)
+            if not padded:
+                gather = (starts.unsqueeze(-1) + step).reshape(-1)
+                index_tuple = tuple(idx[gather] for idx in index_tuple)
+                for key, val in list(info.items()):
+                    if isinstance(val, torch.Tensor) and val.shape[:1] == (num_rows,):
+                        info[key] = val[gather]
+            first = (step == 0).view(-1)
+            last = (offsets >= last_step).view(-1)
+            num_rows = num_slices * pad_to
         info[mask_key] = mask.reshape(-1)
     elif burn_in is not None:
         # offset of each row in its slice
@@ -424,9 +440,12 @@ class _StoredMarkers:
             info[truncated_key] = truncated
             info[done_key] = done
             info[terminated_key] = terminated
-        init_key = self.init_key
-        is_init = get(init_key)
-        if is_init is not None:
+        # the slice starts, at the root and under "next" (so that a recurrent
+        # module called on sample["next"] starts every slice anew as well)
+        for init_key in (self.init_key, next_init_key(self.init_key)):
+            is_init = get(init_key)
+            if is_init is None:
+                continue
             starts = self._rows_mask(self.first, is_init.ndim)
             if in_place and is_init.device == device:
                 is_init.logical_or_(starts)
@@ -444,6 +463,9 @@ class _StoredMarkers:
             return _strided_rows_mask(
                 self.num_rows, rows.start, rows.step, ndim, self.device
             )
+        if rows.dtype == torch.bool:
+            # a mask of the rows already (those of padded slices)
+            return rows.view((self.num_rows,) + (1,) * (ndim - 1))
         return _new_rows_mask(self.num_rows, rows, ndim, self.device)
 
 
@@ -539,7 +561,7 @@ def marker_keys(
     burn_in_key: NestedKey = BURN_IN_KEY,
 ) -> list[NestedKey]:
     """The entries of ``info`` that :func:`finish_slices` wrote as per-row markers."""
-    keys = [init_key, mask_key, burn_in_key]
+    keys = [init_key, next_init_key(init_key), mask_key, burn_in_key]
     if truncated_key is not None:
         keys += [
             truncated_key,
@@ -572,6 +594,31 @@ def drop_repeated_rows(index: Any, priority: Any) -> tuple[Any, Any]:
         return index, priority
     keep = ~repeated
     return index[keep], priority_t.reshape(num_rows)[keep.to(priority_t.device)]
+
+
+def without_burn_in_rows(sampler, data: Any) -> Any:
+    """The rows of a sample that are not burn-in rows, for a priority update.
+
+    A sample of a slice sampler with ``burn_in > 0`` carries its burn-in
+    marker (the sampler's ``burn_in_key``): whatever sample it is (the last
+    one, an earlier one, one a prefetching buffer drew ahead), the rows it
+    marks are dropped, so that
+    :meth:`~torchrl.data.TensorDictReplayBuffer.update_tensordict_priority`
+    leaves their priorities alone. Anything else is returned unchanged.
+    """
+    if not getattr(sampler, "burn_in", 0) or not is_tensor_collection(data):
+        return data
+    if not data.ndim:
+        return data
+    burn = data.get(sampler.burn_in_key, None)
+    if (
+        not isinstance(burn, torch.Tensor)
+        or burn.dtype != torch.bool
+        or burn.shape != data.batch_size
+        or not bool(burn.any())
+    ):
+        return data
+    return data[~burn]
 
 
 def drop_burn_in_rows(

@@ -11,7 +11,11 @@ trajectories start and stop: the cost grows with the buffer, not the batch.
 :class:`WriteJournal` records which rows of the storage were written, as
 ranges along its first dimension, in memory that every process holding a copy
 of the sampler shares (a worker of a :class:`~torchrl.collectors.MultiCollector`
-writing into the buffer records there too). :class:`TrajectoryIndex` keeps the
+writing into the buffer records there too). It also tells the writes it hears
+of from the others: the version counter of the column tensor (which every
+in-place write of it moves, whatever path it takes) must not have moved since
+the last write the journal heard of in this process, or the index is rebuilt.
+:class:`TrajectoryIndex` keeps the
 per-row end-of-trajectory flags and the sorted list of trajectory stops, and
 updates them at a sample from the rows written since the previous one: the
 column is read at those rows (and their neighbours) only. It returns exactly
@@ -27,7 +31,9 @@ import weakref
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
+import numpy as np
 import torch
+from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
 from torchrl._user_stacklevel import _user_stacklevel
@@ -40,34 +46,98 @@ JOURNAL_SLOTS = 4096
 _MAX_RUNS = 16
 
 
-def _written_runs(index: Any) -> list[tuple[int, int]] | None:
-    """The ranges ``[start, stop)`` of first-dimension rows that ``index`` covers.
+def _first_dim_rows(index: Any) -> torch.Tensor | None:
+    """The first-dimension rows that ``storage[index] = value`` writes, as a 1-d tensor.
 
-    Returns ``None`` when the index is too scattered (or negative) to be worth
-    recording range by range: the reader then rebuilds.
+    ``index`` indexes the first dimension of the storage (the first element
+    of a tuple index of the storage, see :func:`_written_runs`): every
+    element of an integer tensor is a row; a boolean mask writes the rows of
+    its set elements. Returns ``None`` for what cannot be read as rows here
+    (a negative row, an ellipsis, a new axis): the reader then rebuilds.
     """
-    if isinstance(index, slice):
-        if index.step not in (None, 1) or index.start is None or index.stop is None:
+    if (
+        index is None
+        or index is Ellipsis
+        or isinstance(index, (bool, np.bool_, tuple, slice))
+    ):
+        return None
+    if isinstance(index, range):
+        index = torch.arange(index.start, index.stop, index.step)
+    try:
+        rows = torch.as_tensor(index)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if rows.dtype == torch.bool:
+        return rows.nonzero()[:, 0] if rows.ndim else None
+    if rows.is_floating_point() or rows.is_complex():
+        return None
+    rows = rows.reshape(-1)
+    if rows.numel() and int(rows.min()) < 0:
+        return None
+    return rows
+
+
+def _writer_rows(index: Any, ndim: int | None) -> torch.Tensor | None:
+    """The first-dimension rows written, from the index a writer's ``add``/``extend`` returns.
+
+    A writer returns ``None`` for an item it did not write
+    (:class:`~torchrl.data.TensorDictMaxValueWriter`), ``-1`` for the
+    elements of a batch it did not write, and, for a storage of ``ndim > 1``
+    dimensions, one ``[ndim]`` line per written element. ``ndim=None`` (the
+    storage is not known) cannot tell such lines from a 2-d index of rows.
+    """
+    if index is None:
+        return torch.zeros(0, dtype=torch.long)
+    if isinstance(index, (bool, np.bool_)):
+        return None
+    try:
+        rows = torch.as_tensor(index)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if rows.dtype == torch.bool or rows.is_floating_point() or rows.is_complex():
+        return None
+    if rows.ndim > 1 and ndim != 1:
+        if ndim is None or rows.shape[-1] != ndim:
             return None
-        if index.start < 0 or index.stop < 0:
-            return None
-        return [(int(index.start), int(index.stop))]
-    if isinstance(index, tuple):
-        # an index of a multi-dimensional storage given dimension by dimension
-        index = index[0]
-    if isinstance(index, int) or (isinstance(index, torch.Tensor) and index.ndim == 0):
-        index = int(index)
-        return [(index, index + 1)] if index >= 0 else None
-    rows = torch.as_tensor(index)
-    if rows.ndim > 1:
-        # an index of a multi-dimensional storage, one line per element
         rows = rows[..., 0]
     rows = rows.reshape(-1)
+    return rows[rows >= 0]
+
+
+def _written_runs(
+    index: Any, *, from_writer: bool = False, ndim: int | None = None
+) -> list[tuple[int, int]] | None:
+    """The ranges ``[start, stop)`` of first-dimension rows that ``index`` covers.
+
+    ``index`` is an index of the storage itself, not of the buffer's
+    transposed view (``from_writer=False``: in a tuple, its first element
+    indexes the first dimension, see :func:`_first_dim_rows`), or what a
+    writer returned (``from_writer=True``, see :func:`_writer_rows`).
+    Returns ``None`` when the index cannot be read as rows, or is too
+    scattered to be worth recording range by range: the reader then
+    rebuilds. A range may run past the end of the storage.
+    """
+    if isinstance(index, tuple) and not from_writer:
+        if not index:
+            return None
+        index = index[0]
+    if isinstance(index, slice) and not from_writer:
+        if index.step is not None and index.step < 1:
+            return None
+        start = 0 if index.start is None else index.start
+        stop = 2**62 if index.stop is None else index.stop
+        if start < 0 or stop < 0:
+            return None
+        return [(int(start), int(stop))]
+    if from_writer:
+        rows = _writer_rows(index, ndim)
+    else:
+        rows = _first_dim_rows(index)
+    if rows is None:
+        return None
     if not rows.numel():
         return []
     lo, hi = (int(v) for v in rows.aminmax())
-    if lo < 0:
-        return None
     if hi - lo < 2 * rows.numel():
         # contiguous or nearly so (the common case: a round-robin write)
         return [(lo, hi + 1)]
@@ -80,6 +150,67 @@ def _written_runs(index: Any) -> list[tuple[int, int]] | None:
     return list(zip(starts, stops))
 
 
+def _one_dim_index(item: Any) -> bool:
+    """Whether ``item``, an element of a tuple index, indexes exactly one dimension."""
+    if isinstance(item, (bool, np.bool_)) or item is None or item is Ellipsis:
+        return False
+    if isinstance(item, (int, np.integer, slice, range)):
+        return True
+    if isinstance(item, (torch.Tensor, np.ndarray, list)):
+        try:
+            item = torch.as_tensor(item)
+        except (TypeError, ValueError, RuntimeError):
+            return False
+        return item.dtype != torch.bool or item.ndim == 1
+    return False
+
+
+def storage_index(index: tuple, dim_extend: int) -> Any:
+    """The storage index of the first dimension that an index of ``rb[:]`` writes.
+
+    A buffer's ``rb[:]`` is its storage with dimension ``dim_extend`` moved
+    first (:meth:`~torchrl.data.ReplayBuffer.__getitem__`): the storage's
+    first dimension is the ``dim_extend``-th one of the buffer's index.
+    Returns ``slice(None)`` (every row) when that cannot be told.
+    """
+    if not dim_extend:
+        return index
+    if len(index) <= dim_extend or not all(
+        _one_dim_index(item) for item in index[:dim_extend]
+    ):
+        return slice(None)
+    return index[dim_extend]
+
+
+def column_version(storage, key: NestedKey | None) -> tuple[Any, int] | None:
+    """The column tensor that the index reads and its version counter.
+
+    Every in-place write of a tensor (``storage.set``, ``rb[:][i, j] = v``, a
+    write into one of its views) moves its ``_version``. Returns ``None``
+    where that cannot be relied on: no tensor storage, a column that a
+    ``get`` rebuilds (lazy stacks), inference tensors (no version counter).
+    """
+    if key is None or not isinstance(storage, TensorStorage):
+        return None
+    if not storage.initialized or not isinstance(storage._storage, TensorDict):
+        return None
+    column = storage._storage.get(key, None)
+    if not isinstance(column, torch.Tensor):
+        return None
+    try:
+        version = column._version
+    except RuntimeError:
+        # an inference tensor
+        return None
+    return weakref.ref(column), version
+
+
+def _same_version(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a[1] == b[1] and a[0]() is b[0]() is not None
+
+
 class WriteJournal:
     """The rows written to a storage, as ranges along its first dimension.
 
@@ -89,30 +220,81 @@ class WriteJournal:
     into the same journal. Writers are serialized by the replay buffer's write
     lock (:meth:`~torchrl.data.ReplayBuffer.share`). Pickled outside of
     process spawning (a copy, a checkpoint), a journal starts anew.
+
+    Each process also keeps, for itself, the version of the column tensor
+    (:func:`column_version`) after the last write it recorded or the last
+    sample it served: a buffer calls :meth:`begin_write` before each write it
+    records, and a version that moved in between means that something else
+    wrote the column (a direct ``Storage.set``, an in-place write into
+    ``rb[:]`` or into the storage's tensors, another buffer sharing the
+    storage). Every reader then rebuilds. A version counter is local to a
+    process: the writes of other processes are known from the shared journal
+    only.
     """
+
+    # per process, never pickled: the column version expected now (None:
+    # unknown), whether an unrecorded write was found, and the write under way
+    _expected = None
+    _unrecorded = False
+    _writing = None
 
     def __init__(self, slots: int = JOURNAL_SLOTS):
         self.slots = slots
         # [0]: ranges recorded so far, [1]: resets, then (start, stop) pairs
         self._array = mp.RawArray(ctypes.c_int64, 2 + 2 * slots)
 
-    def record(self, index: Any) -> None:
-        runs = _written_runs(index)
+    def begin_write(self, storage, key: NestedKey | None) -> None:
+        """Called by the buffer before a write that it records.
+
+        Checks that the column was not written since this process last heard
+        of it, and remembers ``storage`` to read the rows that its writer
+        returns (:func:`_writer_rows`) and the version after the write.
+        """
+        expected = self._expected
+        if expected is not None and not _same_version(
+            column_version(storage, key), expected
+        ):
+            self.reset()
+            self._unrecorded = True
+        self._writing = (weakref.ref(storage), key)
+
+    def record(self, index: Any, *, from_writer: bool = False) -> None:
+        """Records the rows that ``index`` wrote (see :func:`_written_runs`)."""
+        writing, self._writing = self._writing, None
+        storage = writing[0]() if writing is not None else None
+        ndim = getattr(storage, "ndim", None) if storage is not None else None
+        runs = _written_runs(index, from_writer=from_writer, ndim=ndim)
         array = self._array
         if runs is None:
             array[1] += 1
-            return
-        count = array[0]
-        for start, stop in runs:
-            slot = 2 + 2 * (count % self.slots)
-            array[slot] = start
-            array[slot + 1] = stop
-            count += 1
-        array[0] = count
+        else:
+            count = array[0]
+            for start, stop in runs:
+                slot = 2 + 2 * (count % self.slots)
+                array[slot] = start
+                array[slot + 1] = stop
+                count += 1
+            array[0] = count
+        # a write the buffer did not announce (a sampler used on its own)
+        # leaves the version unknown
+        self._expected = (
+            column_version(storage, writing[1]) if storage is not None else None
+        )
+
+    def written_unrecorded(self, version: tuple[Any, int] | None) -> bool:
+        """Whether this process wrote the column unrecorded since its last record or check.
+
+        ``version`` is the column's version now; it is what the next check
+        expects, unless a recorded write moves it.
+        """
+        found, self._unrecorded = self._unrecorded, False
+        expected, self._expected = self._expected, version
+        return found or (expected is not None and not _same_version(version, expected))
 
     def reset(self) -> None:
         """Tells every reader to rebuild (the storage was emptied or replaced)."""
         self._array[1] += 1
+        self._expected = None
 
     def state(self) -> tuple[int, int]:
         array = self._array
@@ -219,6 +401,10 @@ class TrajectoryIndex:
             return None
         count, resets = journal.state()
         cursor = getattr(storage, "_last_cursor", None)
+        # the column was written in this process without the journal hearing
+        # of it (checked first: it also sets what the next check expects)
+        version = column_version(storage, key)
+        unrecorded = journal.written_unrecorded(version)
         current = (
             self._storage is not None
             and self._storage() is storage
@@ -227,15 +413,25 @@ class TrajectoryIndex:
             and length >= self._length
             and count - self._read <= journal.slots
         )
-        if current and count == self._read and cursor is not self._cursor:
-            # the storage was written without the journal hearing of it
+        if (
+            version is None
+            and current
+            and count == self._read
+            and cursor is not self._cursor
+        ):
+            # no version counter to read (e.g. inference tensors): the
+            # storage's cursor moved and nothing was recorded
+            unrecorded = True
+        if unrecorded:
             current = False
             if count and not self._warned:
                 self._warned = True
                 warnings.warn(
                     f"{type(sampler).__name__}: the storage was written to "
                     "without going through the replay buffer (e.g. a direct "
-                    "Storage.set), so the sampler's trajectory index could not "
+                    "Storage.set, an in-place write into rb[:] or into the "
+                    "storage's tensors, or another buffer that shares the "
+                    "storage), so the sampler's trajectory index could not "
                     "be updated from the written rows and was rebuilt from a "
                     "full scan of the storage, whose cost grows with the "
                     "buffer. Write through ReplayBuffer.extend, add or "

@@ -303,7 +303,9 @@ def _burn_in_run(
     prefix_id = prefix_start.long().cumsum(0) - 1
     lengths = torch.bincount(prefix_id)
     begin = burn_rows[prefix_start]
-    output = value.new_empty(numel, rnn.hidden_size)
+    # allocated from the first run: the output size is not always hidden_size
+    # (an LSTM's proj_size)
+    output = None
     with torch.no_grad():
         prefix_final = None
         for length in lengths.unique().tolist():
@@ -317,6 +319,8 @@ def _burn_in_run(
                 hx = hx[0] if len(hx) == 1 else hx
             out, final = rnn(value[rows], hx)
             final = final if isinstance(final, tuple) else (final,)
+            if output is None:
+                output = out.new_empty(numel, out.shape[-1])
             output[rows.reshape(-1)] = out.reshape(-1, out.shape[-1])
             if prefix_final is None:
                 prefix_final = [
