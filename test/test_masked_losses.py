@@ -5,6 +5,7 @@
 """Loss modules honour the padding mask at ``("collector", "mask")``."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -479,6 +480,79 @@ class TestOneDimensionalAction:
         torch.testing.assert_close(got["loss_objective"], expected["loss_objective"])
 
 
+def _independent_normal(loc, scale):
+    # a user-built Independent(Normal, 1): not one of torchrl's registered types
+    return torch.distributions.Independent(torch.distributions.Normal(loc, scale), 1)
+
+
+ONE_DIM_LAYOUTS = {
+    # log-prob and entropy of shape [N, 1]
+    "normal": torch.distributions.Normal,
+    # [N]
+    "independent_normal": "IndependentNormal",
+    "torch_independent": _independent_normal,
+}
+
+
+class TestOneDimensionalEntropy:
+    """A one-dimensional Gaussian's entropy does not depend on its event dims."""
+
+    COEFF = 0.05
+
+    def _loss_and_closed_form(self, name, layout, reduction, masked):
+        from torchrl import modules, objectives
+
+        cls = {
+            "a2c": objectives.A2CLoss,
+            "ppo": objectives.PPOLoss,
+            "clipppo": objectives.ClipPPOLoss,
+        }[name]
+        dist_class = ONE_DIM_LAYOUTS[layout]
+        if isinstance(dist_class, str):
+            dist_class = getattr(modules, dist_class)
+        n = 7
+        g = torch.Generator().manual_seed(5)
+        td = make_batch(name, n)
+        td["action"] = td["action"][:, :1]
+        td["advantage"] = torch.randn(n, 1, generator=g)
+        td["value_target"] = torch.randn(n, 1, generator=g)
+        if dist_class is torch.distributions.Normal:
+            td["action_log_prob"] = td["action_log_prob"].unsqueeze(-1)
+        mask = torch.ones(n, dtype=torch.bool)
+        if masked:
+            mask[[2, 5]] = False
+            td.set(MASK_KEY, mask)
+        actor = _one_dim_actor(dist_class)
+        value = modules.ValueOperator(torch.nn.Linear(3, 1), in_keys=["observation"])
+        loss = cls(actor, value, reduction=reduction, entropy_coeff=self.COEFF)
+        # Monte-Carlo estimates would draw from the global generator
+        torch.manual_seed(0)
+        out = loss(td)
+        with torch.no_grad():
+            scale = actor.module[0](td.clone())["scale"].squeeze(-1)
+        entropy = 0.5 * torch.log(2 * math.pi * math.e * scale**2)
+        return out, -self.COEFF * entropy[mask]
+
+    @pytest.mark.parametrize("masked", [False, True])
+    @pytest.mark.parametrize("layout", list(ONE_DIM_LAYOUTS))
+    @pytest.mark.parametrize("name", ["a2c", "ppo", "clipppo"])
+    def test_loss_entropy_is_closed_form(self, name, layout, masked):
+        out, expected = self._loss_and_closed_form(name, layout, "mean", masked)
+        torch.testing.assert_close(out["loss_entropy"], expected.mean())
+        torch.testing.assert_close(
+            out["entropy"], expected.mean() / -self.COEFF, msg="logged entropy"
+        )
+
+    @pytest.mark.parametrize("masked", [False, True])
+    @pytest.mark.parametrize("layout", list(ONE_DIM_LAYOUTS))
+    @pytest.mark.parametrize("name", ["a2c", "ppo", "clipppo"])
+    def test_per_row_entropy(self, name, layout, masked):
+        # reduction="none": one entropy term per real row, like loss_objective
+        out, expected = self._loss_and_closed_form(name, layout, "none", masked)
+        assert out["loss_entropy"].shape == out["loss_objective"].shape
+        torch.testing.assert_close(out["loss_entropy"], expected)
+
+
 class TestPILCOCost:
     def test_gradient_reaches_real_rows_only(self):
         # PILCO differentiates the cost through the predicted states
@@ -514,6 +588,23 @@ class TestCQLPerRow:
     def test_alpha_prime_from_real_rows(self, garbage):
         real, padded = slice_batches("cql", *layout("cql"), garbage=garbage)
         _compare("cql", "mean", real, padded, with_lagrange=True)
+
+    @pytest.mark.parametrize("padded_batch", [False, True])
+    def test_alpha_prime_reduction_none(self, padded_batch):
+        # reduction="none" gives one alpha-prime term per real row, whose mean
+        # is the "mean" reduction's alpha-prime loss
+        real, padded = slice_batches("cql", *layout("cql"), garbage="random")
+        td = padded if padded_batch else real
+        n_real = real.numel()
+        torch.manual_seed(3)
+        out = make_loss("cql", reduction="none", with_lagrange=True)(td.clone())
+        assert out.batch_size == (n_real,)
+        assert out["loss_alpha_prime"].shape == (n_real,)
+        torch.manual_seed(3)
+        mean = make_loss("cql", reduction="mean", with_lagrange=True)(td.clone())
+        torch.testing.assert_close(
+            out["loss_alpha_prime"].mean(), mean["loss_alpha_prime"]
+        )
 
 
 class TestAdaptiveTerms:
@@ -637,7 +728,7 @@ class TestUnmaskedUnchanged:
     @pytest.mark.parametrize("padded", [False, True])
     @pytest.mark.parametrize("name", ESTIMATORS)
     def test_estimator_matches_pristine(self, references, name, padded):
-        # a stand-alone estimator reads no mask unless given a key
+        # with set_keys(mask=None), an estimator reads no mask
         upstream, fork = references
         case = ("estimator-padded" if padded else "estimator", name)
         expected, _ = upstream[case]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from _masked_loss_cases import (
     ESTIMATORS,
+    make_batch,
     make_estimator,
     make_loss,
     MASK_KEY,
@@ -193,18 +194,156 @@ class TestMaskKey:
         mask = padded.get(MASK_KEY).squeeze(-1)
         torch.testing.assert_close(got["advantage"][mask], expected["advantage"])
 
-    @pytest.mark.parametrize("name", ESTIMATORS)
-    def test_stand_alone_reads_no_mask_by_default(self, name):
-        # only a mask-aware loss (or set_keys) makes an estimator read a mask,
-        # so losses that do not read it keep the 0.12.0 targets
-        _, padded = slice_batches("ppo", LENGTHS, PAD_TO, garbage="random")
-        assert make_estimator(name).tensor_keys.mask is None
-        expected = make_estimator(name)(padded.clone().exclude("collector"))
-        got = make_estimator(name)(padded.clone())
+    def test_loss_with_custom_key(self):
+        # an estimator built by a loss reads the loss's key, not the default
+        real, padded = slice_batches("ppo", LENGTHS, PAD_TO, garbage="zeros")
+        padded = split_trajs_layout(padded, LENGTHS)
+        mask = padded.get(MASK_KEY)
+        # a placeholder at the default key that would raise if it were read
+        moved = padded.set("valid", mask).set(MASK_KEY, torch.zeros_like(mask))
+        loss = make_loss("ppo")
+        loss.set_keys(mask="valid")
+        estimator = loss.value_estimator
+        assert estimator.tensor_keys.mask == "valid"
+        got = estimator(moved.clone())
+        expected = estimator(real.clone())
         for key in ("advantage", "value_target"):
-            torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0)
-        all_false = padded.clone().set(MASK_KEY, torch.zeros(18, dtype=torch.bool))
-        got = make_estimator(name)(all_false)
-        torch.testing.assert_close(
-            got["advantage"], expected["advantage"], rtol=0, atol=0
+            torch.testing.assert_close(got[key][mask], expected[key])
+
+    def test_estimator_given_to_a_loss_follows_its_key(self):
+        from torchrl.objectives.value import GAE
+
+        loss = make_loss("ppo")
+        loss.set_keys(mask="valid")
+        loss.make_value_estimator(
+            GAE(gamma=0.9, lmbda=0.8, value_network=loss.critic_network)
         )
+        assert loss.value_estimator.tensor_keys.mask == "valid"
+
+
+def _trajectories(lengths=(3, 7, 2, 9, 5, 6, 8)):
+    # stored trajectories, each ending with done (terminated or truncated)
+    td = make_batch("ppo", sum(lengths))
+    ends = torch.tensor(lengths).cumsum(0) - 1
+    td["next", "done"][ends] = True
+    td["next", "terminated"][ends[::2]] = True
+    td["next", "truncated"][ends[1::2]] = True
+    td["collector", "traj_ids"] = torch.repeat_interleave(
+        torch.arange(len(lengths)), torch.tensor(lengths)
+    )
+    return td
+
+
+def _sampled(storage, tmp_path):
+    """A ``pad_output=True`` sample and the same slices sampled unpadded."""
+    from torchrl.data import (
+        LazyMemmapStorage,
+        LazyTensorStorage,
+        SliceSampler,
+        TensorDictReplayBuffer,
+    )
+
+    if storage == "tensor":
+        store = LazyTensorStorage(100)
+    else:
+        store = LazyMemmapStorage(100, scratch_dir=tmp_path)
+    padded_rb = TensorDictReplayBuffer(
+        storage=store,
+        sampler=SliceSampler(num_slices=4, strict_length=False, pad_output=True),
+        batch_size=24,
+    )
+    padded_rb.extend(_trajectories())
+    ragged_rb = TensorDictReplayBuffer(
+        storage=store,
+        sampler=SliceSampler(num_slices=4, strict_length=False),
+        batch_size=24,
+    )
+    torch.manual_seed(5)
+    padded = padded_rb.sample()
+    torch.manual_seed(5)
+    ragged = ragged_rb.sample()
+    mask = padded.get(MASK_KEY)
+    assert (~mask).any()
+    assert ragged.shape[0] == int(mask.sum())
+    torch.testing.assert_close(padded["observation"][mask], ragged["observation"])
+    return padded, ragged
+
+
+#: estimators and their options; batch statistics (average_gae, average_adv)
+#: mix every step of the batch, padded ones included when the mask is ignored
+SAMPLE_CASES = [(name, {}) for name in ESTIMATORS] + [
+    ("GAE", {"average_gae": True}),
+    ("VTrace", {"average_adv": True}),
+]
+#: a trajectory cut by the end of the collector batch has no done marker where
+#: its real steps end: traces run into the zeros of the padding. TD(0) reads
+#: the next row only when it computes the next values by shifting.
+SPLIT_CASES = [
+    ("TD0Estimator", {"shifted": True}),
+    ("TD1Estimator", {}),
+    ("TDLambdaEstimator", {}),
+    ("GAE", {}),
+    ("VTrace", {}),
+]
+
+
+def _case_id(case):
+    name, kwargs = case
+    return "-".join([name] + sorted(kwargs))
+
+
+class TestStandAloneReadsTheSamplerMask:
+    """A stand-alone estimator honours ``("collector", "mask")`` by default."""
+
+    @pytest.mark.parametrize("name", ESTIMATORS)
+    def test_default_key(self, name):
+        assert make_estimator(name).tensor_keys.mask == MASK_KEY
+
+    @pytest.mark.parametrize("storage", ["tensor", "memmap"])
+    @pytest.mark.parametrize("case", SAMPLE_CASES, ids=_case_id)
+    def test_pad_output_sample(self, case, storage, tmp_path):
+        name, kwargs = case
+        padded, ragged = _sampled(storage, tmp_path)
+        mask = padded.get(MASK_KEY)
+        got = make_estimator(name, **kwargs)(padded.clone())
+        expected = make_estimator(name, **kwargs)(ragged.clone())
+        for key in ("advantage", "value_target"):
+            assert got[key].isfinite().all(), key
+            torch.testing.assert_close(got[key][mask], expected[key], msg=key)
+
+    @pytest.mark.parametrize("case", SPLIT_CASES, ids=_case_id)
+    def test_split_trajs_batch(self, case):
+        from torchrl.collectors.utils import split_trajectories
+
+        name, kwargs = case
+        # a collector batch whose last trajectory goes on in the next batch
+        batch = _trajectories()[:-3]
+        padded = split_trajectories(batch.clone())
+        mask = padded.get(MASK_KEY)
+        assert (~mask).any()
+        got = make_estimator(name, **kwargs)(padded)
+        expected = make_estimator(name, **kwargs)(batch.clone())
+        for key in ("advantage", "value_target"):
+            torch.testing.assert_close(got[key][mask], expected[key], msg=key)
+
+    @pytest.mark.parametrize("name", ESTIMATORS)
+    def test_opt_out(self, name):
+        # set_keys(mask=None) reads no mask: the 0.12.0 targets
+        _, padded = slice_batches("ppo", LENGTHS, PAD_TO, garbage="random")
+        estimator = make_estimator(name)
+        estimator.set_keys(mask=None)
+        assert estimator.tensor_keys.mask is None
+        expected = make_estimator(name)(padded.clone().exclude("collector"))
+        all_false = padded.clone().set(MASK_KEY, torch.zeros(18, dtype=torch.bool))
+        for td in (padded.clone(), all_false):
+            got = estimator(td)
+            for key in ("advantage", "value_target"):
+                torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0)
+
+    def test_all_padded(self):
+        _, padded = slice_batches("ppo", LENGTHS, PAD_TO)
+        padded.set(MASK_KEY, torch.zeros(18, dtype=torch.bool))
+        with pytest.raises(
+            ValueError, match=r"'collector', 'mask'.*False on every row"
+        ):
+            make_estimator("GAE")(padded)

@@ -427,14 +427,15 @@ def _written_keys(before: dict, after: TensorDictBase) -> list:
 def _masked_estimate(fun):
     """Makes a value-estimator method ignore the padded steps of its input.
 
-    Estimators read no mask unless their ``mask`` key is set: a mask-aware
-    loss sets it to its own, and a stand-alone estimator takes one through
-    ``set_keys(mask=...)``. When the input holds a padding mask at that key
-    with at least one ``False`` entry, the method runs on a copy whose padded
-    rows repeat real rows (so nothing computed on them can overflow) and where
-    the trace is cut after the last real step of every segment and at every
-    padded step, so that no padded step reaches a real step's advantage or
-    target. Every entry ``forward`` writes (advantage, value target, and the
+    Estimators read the mask at their ``mask`` key, ``("collector", "mask")``
+    by default (where ``SliceSampler(pad_output=True)`` writes it); a loss sets
+    it to its own key (``None``, no mask read, for a loss that reads none),
+    and ``set_keys(mask=...)`` changes it. When the input holds a padding mask
+    at that key with at least one ``False`` entry, the method runs on a copy
+    whose padded rows repeat real rows (so nothing computed on them can
+    overflow) and where the trace is cut after the last real step of every
+    segment and at every padded step, so that no padded step reaches a real
+    step's advantage or target. Every entry ``forward`` writes (advantage, value target, and the
     state values it recomputes, existing ones included) is then written into
     the caller's tensordict.
     """
