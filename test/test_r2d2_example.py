@@ -37,8 +37,11 @@ SHORT = [
 ]
 
 
-def _run(*args, timeout=600):
+def _run(*args, timeout=600, user_env=False):
     env = dict(os.environ, RL_WARNINGS="0")
+    if user_env:  # what a user's shell has: TorchRL's warnings and log level as shipped
+        for name in ("RL_WARNINGS", "RL_LOGGING_LEVEL", "PYTHONWARNINGS"):
+            env.pop(name, None)
     return subprocess.run(
         [sys.executable, str(RECIPE), *args],
         capture_output=True,
@@ -72,6 +75,29 @@ def test_short_run_outputs(tmp_path):
     assert match and match.group(1) == evals[-1][0] and match.group(2) == "3072"
 
 
+def test_run_prints_only_its_own_lines(tmp_path):
+    """No warning, no TorchRL log line: the evaluation lines and the last line only.
+
+    Two batches, run as a user runs it: the envs and the collector are built
+    (the LSTM's recurrent-state primer, an observation VecNormV2 on the
+    batch), the replay storage is allocated and the Q-network trained once.
+    """
+    proc = _run(
+        *["--frames", "256", "--warmup-frames", "128", "--eval-every", "256"],
+        *["--eval-episodes", "2", "--num-slices", "4", "--updates-per-batch", "1"],
+        *["--no-progress", "--out", str(tmp_path)],
+        user_env=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert [re.sub(r"\d+(\.\d)?", "N", line) for line in lines] == [
+        "eval: return N after N frames (N s)",
+        "eval: return N after N frames (N s)",
+        "eval return N after N frames in N s",
+    ], proc.stdout
+
+
 @pytest.mark.parametrize(
     "flags",
     [
@@ -87,6 +113,8 @@ def test_variants_run(tmp_path, flags):
     proc = _run(*SHORT, "--no-progress", "--out", str(tmp_path), *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "frame/s" not in proc.stderr
+    assert "Warning" not in proc.stderr, proc.stderr
+    assert "[torchrl]" not in proc.stdout, proc.stdout
     assert LAST_LINE.match(proc.stdout.strip().splitlines()[-1])
     assert len(_curve(tmp_path)) == 3
 

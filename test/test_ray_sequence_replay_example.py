@@ -48,6 +48,7 @@ def test_short_run(tmp_path, mode):
     proc = _run(*SHORT, "--mode", mode, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "frame/s" in proc.stderr  # the progress bar
+    assert "[torchrl]" not in proc.stdout, proc.stdout  # no INFO log line
     evals = re.findall(r"eval: return \d+\.\d after (\d+) frames", proc.stdout)
     assert evals and int(evals[0]) == 0
     last = LAST_LINE.match(proc.stdout.strip().splitlines()[-1])

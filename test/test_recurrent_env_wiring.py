@@ -5,6 +5,7 @@
 """Env transforms derived from the policy: helpers and the ``policy=`` env keyword."""
 from __future__ import annotations
 
+import logging
 import warnings
 
 import pytest
@@ -26,6 +27,8 @@ from _recurrent_policies import (
 )
 from tensordict.nn import TensorDictModule as Mod
 from torch import nn
+from torchrl import set_auto_unwrap_transformed_env
+from torchrl.collectors import Collector
 from torchrl.envs import (
     AutoResetEnv,
     Compose,
@@ -33,6 +36,7 @@ from torchrl.envs import (
     InitTracker,
     ParallelEnv,
     SerialEnv,
+    StepCounter,
     TensorDictPrimer,
     TransformedEnv,
 )
@@ -437,14 +441,92 @@ class TestPolicyKeyword:
         assert [type(t) for t in _transforms(env)] == [InitTracker, TensorDictPrimer]
         env.rollout(3, policy)
 
-    def test_non_module_raises(self):
-        with pytest.raises(TypeError, match="policy must be a torch.nn.Module"):
-            make_cartpole(policy=lambda td: td)
+    def test_plain_callable_gets_nothing(self):
+        # as with the collectors' auto_register_policy_transforms: a callable
+        # that is not a module has nothing to inspect
+        def policy(td):
+            return td.set("action", torch.tensor([1, 0]))
+
+        env = make_cartpole(policy=policy)
+        assert not isinstance(env, TransformedEnv)
+        env.rollout(3, policy)
+        env = TransformedEnv(make_cartpole(), policy=policy)
+        assert _transforms(env) == []
+        env.rollout(3, policy)
+
+    def test_non_callable_raises(self):
+        with pytest.raises(
+            TypeError, match="policy must be a torch.nn.Module .* or a callable"
+        ):
+            make_cartpole(policy=3)
+
+    @pytest.mark.parametrize("auto_unwrap", [True, False])
+    def test_transformed_env_over_transformed_env(self, auto_unwrap):
+        # no transform argument, only policy=: nested or unwrapped, the env
+        # gets the policy's transforms after the inner env's own
+        policy = make_recurrent_policy()
+        inner = TransformedEnv(make_cartpole(), StepCounter())
+        with set_auto_unwrap_transformed_env(auto_unwrap):
+            env = TransformedEnv(inner, policy=policy)
+        assert isinstance(env.base_env, TransformedEnv) is not auto_unwrap
+        assert [type(t) for t in _transforms(env)] == [
+            StepCounter,
+            InitTracker,
+            TensorDictPrimer,
+        ]
+        data = env.rollout(3, policy)
+        assert data["is_init"][0].all()
 
     def test_documented(self):
-        assert "policy (torch.nn.Module, optional)" in EnvBase.__doc__
+        assert "policy (torch.nn.Module or Callable, optional)" in EnvBase.__doc__
         assert "does not show it" in EnvBase.__doc__
 
     def test_action_spec_after_wrapping(self):
         env = make_cartpole(policy=make_recurrent_policy())
         assert env.action_spec.shape == torch.Size([2])
+
+
+@pytest.fixture
+def torchrl_log():
+    """The records of TorchRL's logger, from INFO up, while the test runs."""
+    records = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger("torchrl")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+class TestTransformsJoinTheEnvCleanly:
+    """A policy with two primers: they join the env as fresh transforms.
+
+    A transform taken out of a ``Compose`` that is then dropped would still
+    point at it, and joining an env would log that its container is gone.
+    """
+
+    @pytest.mark.parametrize("path", ["function", "policy-keyword", "collector"])
+    def test_two_primers_log_nothing(self, torchrl_log, path):
+        policy = make_two_init_keys_policy()
+        if path == "function":
+            transforms = get_env_transforms_from_module(policy)
+            env = TransformedEnv(make_cartpole(), transforms)
+        elif path == "policy-keyword":
+            env = make_cartpole(policy=policy)
+        else:
+            collector = Collector(
+                make_cartpole(),
+                policy,
+                frames_per_batch=4,
+                total_frames=4,
+                auto_register_policy_transforms=True,
+            )
+            env = collector.env
+            collector.shutdown()
+        assert [r.getMessage() for r in torchrl_log] == []
+        primers = [t for t in _transforms(env) if isinstance(t, TensorDictPrimer)]
+        assert len(primers) == 2
+        assert all(isinstance(p.parent, EnvBase) for p in primers)

@@ -26,8 +26,11 @@ LAST_LINE = re.compile(r"^eval return (-?\d+\.\d) after (\d+) frames in (\d+) s$
 SHORT = ["--frames", "1024", "--eval-every", "512", "--eval-episodes", "2"]
 
 
-def _run(*args, timeout=600):
+def _run(*args, timeout=600, user_env=False):
     env = dict(os.environ, RL_WARNINGS="0")
+    if user_env:  # what a user's shell has: TorchRL's warnings and log level as shipped
+        for name in ("RL_WARNINGS", "RL_LOGGING_LEVEL", "PYTHONWARNINGS"):
+            env.pop(name, None)
     return subprocess.run(
         [sys.executable, str(RECIPE), *args],
         capture_output=True,
@@ -65,6 +68,28 @@ def test_short_run_outputs(tmp_path):
     assert match.group(1) == evals[-1][0] and match.group(2) == "1024"
 
 
+def test_run_prints_only_its_own_lines(tmp_path):
+    """No warning, no TorchRL log line: the evaluation lines and the last line only.
+
+    One batch, run as a user runs it: the env and the collector are built (two
+    LSTMs, so two recurrent-state primers, and an observation VecNormV2 on the
+    batch) and the replay storage is allocated.
+    """
+    proc = _run(
+        *["--frames", "512", "--eval-every", "512", "--eval-episodes", "2"],
+        *["--no-progress", "--out", str(tmp_path)],
+        user_env=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert [re.sub(r"\d+(\.\d)?", "N", line) for line in lines] == [
+        "eval: return N after N frames (N s)",
+        "eval: return N after N frames (N s)",
+        "eval return N after N frames in N s",
+    ], proc.stdout
+
+
 @pytest.mark.parametrize(
     "flags",
     [
@@ -80,6 +105,8 @@ def test_variants_run(tmp_path, flags):
     proc = _run(*SHORT, "--no-progress", "--out", str(tmp_path), *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "frame/s" not in proc.stderr  # --no-progress
+    assert "Warning" not in proc.stderr, proc.stderr
+    assert "[torchrl]" not in proc.stdout, proc.stdout
     assert LAST_LINE.match(proc.stdout.strip().splitlines()[-1])
     assert len(_curve(tmp_path)) == 3
 

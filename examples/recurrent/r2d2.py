@@ -34,7 +34,8 @@ Nothing is reshaped, no hidden state is carried by hand, no mask is handled
 here. The script prints a progress bar and one line per evaluation
 (``--eval-episodes`` greedy episodes), writes ``learning_curve.csv`` and
 ``learning_curve.png`` to ``--out`` and ends with
-``eval return R after F frames in W s``. ``--help`` lists every flag.
+``eval return R after F frames in W s``; TorchRL's INFO log lines are left
+out (``RL_LOGGING_LEVEL=INFO`` shows them). ``--help`` lists every flag.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ from recurrent_ppo import (
     _unit_float,
     _vecnorm,
     make_env,
+    quiet_info_logs,
     RunLog,
 )
 from tensordict.nn import TensorDictModule, TensorDictSequential
@@ -364,6 +366,7 @@ def make_qnet(args: argparse.Namespace, obs_dim: int, action_spec) -> nn.Module:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
+    quiet_info_logs()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     start = time.monotonic()

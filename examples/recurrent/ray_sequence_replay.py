@@ -36,13 +36,16 @@ an error that says what is missing instead.
 It prints a progress bar, one line per evaluation (``--eval-episodes``
 deterministic episodes on the driver), writes ``learning_curve.csv`` and
 ``learning_curve.png`` to ``--out`` and ends with
-``eval return R after F frames in W s``. ``--help`` lists every flag.
+``eval return R after F frames in W s``; TorchRL's and Ray's INFO log lines
+are left out (``RL_LOGGING_LEVEL=INFO`` shows TorchRL's). ``--help`` lists
+every flag.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import functools
+import logging
 import os
 import time
 from pathlib import Path
@@ -224,6 +227,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from tqdm import tqdm
 
     args = parse_args(argv)
+    # INFO log lines (a Ray actor killed at shutdown) are not the run's output
+    if "RL_LOGGING_LEVEL" not in os.environ:
+        logging.getLogger("torchrl").setLevel(logging.WARNING)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     t0 = time.monotonic()
@@ -233,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         num_cpus=args.ray_cpus,
         include_dashboard=False,
         log_to_driver=False,
+        logging_level=logging.WARNING,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": threads}},
     )
     eval_env = make_env(args.seed + 1000)

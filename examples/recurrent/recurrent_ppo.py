@@ -39,12 +39,15 @@ memory: the control, which cannot balance the pole from positions alone.
 The script prints a progress bar, one line per evaluation (``--eval-episodes``
 deterministic episodes), writes ``learning_curve.csv`` and
 ``learning_curve.png`` to ``--out`` and ends with
-``eval return R after F frames in W s``. ``--help`` lists every flag.
+``eval return R after F frames in W s``; TorchRL's INFO log lines are left
+out (``RL_LOGGING_LEVEL=INFO`` shows them). ``--help`` lists every flag.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import logging
+import os
 import time
 from collections import deque
 from functools import partial
@@ -61,6 +64,8 @@ from torchrl.data import (
     TensorDictReplayBuffer,
 )
 from torchrl.envs import (
+    Compose,
+    EnvBase,
     ExplorationType,
     GymEnv,
     GymWrapper,
@@ -379,12 +384,15 @@ def _make_one_env(env_id: str, obs_keep: tuple[int, ...] | None):
     return env if obs_keep is None else TransformedEnv(env, _keep(obs_keep))
 
 
-def _make_batch(kind: str, env_id: str, num_envs: int, obs_keep):
-    """``num_envs`` envs stepped together, showing the kept entries only.
+def _make_batch(
+    kind: str, env_id: str, num_envs: int, obs_keep
+) -> tuple[EnvBase, list[UnaryTransform]]:
+    """``num_envs`` envs stepped together, and the filter that shows the kept entries only.
 
     ``"vector"`` is gymnasium's ``SyncVectorEnv`` (auto-reset off: TorchRL
-    resets the done envs) behind one filter; ``"serial"`` and ``"parallel"``
-    are TorchRL's batched envs of filtered ``GymEnv``.
+    resets the done envs), returned with the filter to put on it;
+    ``"serial"`` and ``"parallel"`` are TorchRL's batched envs of filtered
+    ``GymEnv``, returned with no filter.
     """
     if kind == "vector":
         import gymnasium as gym
@@ -397,9 +405,9 @@ def _make_batch(kind: str, env_id: str, num_envs: int, obs_keep):
                 vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.DISABLED},
             )
         )
-        return env if obs_keep is None else TransformedEnv(env, _keep(obs_keep))
+        return env, [] if obs_keep is None else [_keep(obs_keep)]
     batched = SerialEnv if kind == "serial" else ParallelEnv
-    return batched(num_envs, partial(_make_one_env, env_id, obs_keep))
+    return batched(num_envs, partial(_make_one_env, env_id, obs_keep)), []
 
 
 def make_env(
@@ -410,11 +418,13 @@ def make_env(
     With ``policy``, the env is completed with what the policy needs
     (``InitTracker``, recurrent-state primers), through ``policy=``.
     """
-    env = TransformedEnv(
-        _make_batch(args.batched_env, args.env, num_envs, args.obs_keep),
-        RewardSum(),
-        policy=policy,
+    base_env, obs_filter = _make_batch(
+        args.batched_env, args.env, num_envs, args.obs_keep
     )
+    # One TransformedEnv holds every transform: wrapping a TransformedEnv in
+    # another would rely on TransformedEnv's auto-unwrapping, whose default
+    # is changing.
+    env = TransformedEnv(base_env, Compose(*obs_filter, RewardSum()), policy=policy)
     if args.reward_scale != 1.0:
         env.append_transform(RewardScaling(loc=0.0, scale=args.reward_scale))
     if args.obs_norm:
@@ -533,6 +543,18 @@ def write_curve(out: Path, rows: list[dict[str, float]], title: str) -> None:
     plt.close(fig)
 
 
+def quiet_info_logs() -> None:
+    """Keeps TorchRL's INFO log lines out of the run's output; its warnings stay.
+
+    The output of a run is its progress bar, its evaluation lines and its last
+    line; an INFO line such as a storage's first allocation is not for the
+    user. ``RL_LOGGING_LEVEL`` (e.g. ``RL_LOGGING_LEVEL=INFO``), when set,
+    decides instead.
+    """
+    if "RL_LOGGING_LEVEL" not in os.environ:
+        logging.getLogger("torchrl").setLevel(logging.WARNING)
+
+
 class RunLog:
     """What a training script shows: a progress bar, evaluation lines, the curve, the last line.
 
@@ -609,6 +631,7 @@ class RunLog:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
+    quiet_info_logs()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     start = time.monotonic()

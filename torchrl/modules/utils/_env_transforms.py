@@ -82,6 +82,24 @@ def _check_module(name: str, module) -> None:
         )
 
 
+def _is_inspectable_policy(name: str, policy) -> bool:
+    """Whether ``policy`` is a module whose submodules can tell its env transforms.
+
+    A plain callable is accepted but has nothing to inspect (``False``), as for
+    the collectors' ``auto_register_policy_transforms``; anything else raises.
+    """
+    if isinstance(policy, nn.Module):
+        return True
+    if callable(policy):
+        return False
+    raise TypeError(
+        f"{name} must be a torch.nn.Module (e.g. a tensordict.nn.TensorDictModule "
+        f"or TensorDictSequential policy) or a callable, got {policy!r} of type "
+        f"{type(policy).__name__}. Pass the policy module itself: its submodules "
+        "tell which environment transforms it needs (a plain callable gets none)."
+    )
+
+
 def _leaf(key: NestedKey) -> str:
     key = unravel_key(key)
     return key if isinstance(key, str) else key[-1]
@@ -193,16 +211,6 @@ def _collect_primers(module: nn.Module, warn: bool, strict: bool) -> list:
     return primers
 
 
-def _flatten_primers(primers) -> list:
-    from torchrl.envs.transforms import Compose
-
-    if primers is None:
-        return []
-    if isinstance(primers, Compose):
-        return list(primers.transforms)
-    return [primers]
-
-
 def _required_env_transforms(module: nn.Module) -> list:
     """What ``module`` needs from the env, and nothing else (used by the automatic paths).
 
@@ -212,15 +220,13 @@ def _required_env_transforms(module: nn.Module) -> list:
     with a ``UserWarning`` and skipped: this never raises for a working policy.
     """
     from torchrl.envs.transforms import InitTracker
-    from torchrl.modules.utils.utils import get_primers_from_module
 
     if not isinstance(module, nn.Module):
         return []
     trackers = [InitTracker(init_key=leaf) for leaf in _policy_init_keys(module)]
-    primers = _flatten_primers(
-        get_primers_from_module(module, warn=False, strict=False)
-    )
-    return trackers + primers
+    # The primers as built, in no container: a transform taken out of a
+    # Compose that is then dropped keeps a dead reference to it.
+    return trackers + _collect_primers(module, warn=False, strict=False)
 
 
 def get_env_transforms_from_module(
@@ -295,7 +301,6 @@ def get_env_transforms_from_module(
         InitTracker(keys=[])
     """
     from torchrl.envs.transforms import Compose, InitTracker
-    from torchrl.modules.utils.utils import get_primers_from_module
 
     _check_module("module", module)
     init_key = _check_init_key(init_key)
@@ -304,9 +309,7 @@ def get_env_transforms_from_module(
     else:
         leaves = _policy_init_keys(module) or [_DEFAULT_INIT_KEY]
     transforms = [InitTracker(init_key=leaf) for leaf in leaves]
-    transforms += _flatten_primers(
-        get_primers_from_module(module, warn=False, strict=True)
-    )
+    transforms += _collect_primers(module, warn=False, strict=True)
     if len(transforms) == 1:
         return transforms[0]
     return Compose(*transforms)
