@@ -232,8 +232,9 @@ class WriteJournal:
     only.
     """
 
-    # per process, never pickled: the column version expected now (None:
-    # unknown), whether an unrecorded write was found, and the write under way
+    # per process, never pickled: the column read and its version expected
+    # now (None: unknown), whether an unrecorded write was found, and the
+    # write under way
     _expected = None
     _unrecorded = False
     _writing = None
@@ -250,10 +251,7 @@ class WriteJournal:
         of it, and remembers ``storage`` to read the rows that its writer
         returns (:func:`_writer_rows`) and the version after the write.
         """
-        expected = self._expected
-        if expected is not None and not _same_version(
-            column_version(storage, key), expected
-        ):
+        if self._moved(column_version(storage, key), key):
             self.reset()
             self._unrecorded = True
         self._writing = (weakref.ref(storage), key)
@@ -278,18 +276,34 @@ class WriteJournal:
         # a write the buffer did not announce (a sampler used on its own)
         # leaves the version unknown
         self._expected = (
-            column_version(storage, writing[1]) if storage is not None else None
+            (writing[1], column_version(storage, writing[1]))
+            if storage is not None
+            else None
         )
 
-    def written_unrecorded(self, version: tuple[Any, int] | None) -> bool:
-        """Whether this process wrote the column unrecorded since its last record or check.
+    def _moved(self, version: tuple[Any, int] | None, key: NestedKey | None) -> bool:
+        # A column other than the one last seen (the sampler resolved its
+        # trajectory key at its first sample, after the first writes) tells
+        # nothing: only the same column's version can show a write
+        expected = self._expected
+        return (
+            expected is not None
+            and expected[0] == key
+            and not _same_version(version, expected[1])
+        )
+
+    def written_unrecorded(
+        self, version: tuple[Any, int] | None, key: NestedKey | None
+    ) -> bool:
+        """Whether this process wrote column ``key`` unrecorded since its last record or check.
 
         ``version`` is the column's version now; it is what the next check
         expects, unless a recorded write moves it.
         """
         found, self._unrecorded = self._unrecorded, False
-        expected, self._expected = self._expected, version
-        return found or (expected is not None and not _same_version(version, expected))
+        moved = self._moved(version, key)
+        self._expected = (key, version)
+        return found or moved
 
     def reset(self) -> None:
         """Tells every reader to rebuild (the storage was emptied or replaced)."""
@@ -404,7 +418,7 @@ class TrajectoryIndex:
         # the column was written in this process without the journal hearing
         # of it (checked first: it also sets what the next check expects)
         version = column_version(storage, key)
-        unrecorded = journal.written_unrecorded(version)
+        unrecorded = journal.written_unrecorded(version, key)
         current = (
             self._storage is not None
             and self._storage() is storage
