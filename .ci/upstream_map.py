@@ -365,7 +365,7 @@ def changed_scopes(fork: Path, pristine: Path) -> dict[str, set[str]]:
 def _new_names(scope, owner, line, new: Scopes, old: Scopes, words) -> bool:
     """Whether the fork's ``line`` of class ``owner`` only adds names pristine never uses."""
     rest = scope[len(owner) + 1 :].split(".")
-    if rest[0] != BODY and len(rest) >= 1:
+    if rest[0] != BODY:
         member = f"{owner}.{rest[0]}"
         if member in new.classes and member not in old.classes:
             return rest[0] not in words  # a new nested class
