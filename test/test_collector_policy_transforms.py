@@ -475,6 +475,7 @@ class TestMultiCollector:
         found = _policy_warnings(record)
         assert len(found) == 1
         assert "auto_register_policy_transforms=True" in str(found[0].message)
+        assert str(found[0].message).startswith("MultiSyncCollector: ")
         assert found[0].filename == __file__
         data = _first_batch(collector)
         assert "recurrent_state_h" not in data.keys()
@@ -498,8 +499,12 @@ class TestMultiCollector:
         _assert_unchanged(env, snapshot)
 
     def test_default_warns_before_worker_error(self):
+        # the worker's warning and error name the collector the user built
         with pytest.warns(PolicyTransformsFutureWarning) as record:
-            with pytest.raises(RuntimeError, match="cannot run the policy"):
+            with pytest.raises(
+                RuntimeError,
+                match=r"MultiSyncCollector worker \d cannot run the policy",
+            ):
                 MultiCollector(
                     [make_cartpole, make_cartpole],
                     policy_factory=make_lstm_policy,
@@ -509,6 +514,7 @@ class TestMultiCollector:
                 )
         found = _policy_warnings(record)
         assert len(found) == 1 and found[0].filename == __file__
+        assert str(found[0].message).startswith("MultiSyncCollector: ")
 
     @pytest.mark.parametrize("sync", [True, False])
     def test_true_with_policy_factory(self, sync):

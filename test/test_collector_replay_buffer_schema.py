@@ -339,3 +339,56 @@ class TestMismatchedWritesRaise:
                 collector.shutdown()
         assert "'recurrent_state'" in str(err.value)
         assert "'logits'" in str(err.value)
+
+
+class TestTrajsPerBatchSetTruncated:
+    """``set_truncated=True`` cuts the whole trajectories of ``trajs_per_batch``: it warns."""
+
+    def _episode_pieces(self, set_truncated):
+        rb = ReplayBuffer(storage=LazyTensorStorage(1_000))
+        collector = Collector(
+            make_tracked_cartpole(),
+            None,
+            frames_per_batch=5,
+            total_frames=100,
+            replay_buffer=rb,
+            trajs_per_batch=1,
+            set_truncated=set_truncated,
+        )
+        for _ in collector:
+            pass
+        collector.shutdown()
+        data = rb[:]
+        return int(data["next", "done"].sum()) - int(data["is_init"].sum())
+
+    def test_single_collector_warns(self):
+        with pytest.warns(UserWarning, match=r"pass set_truncated=False") as record:
+            pieces = self._episode_pieces(set_truncated=True)
+        assert [w.filename for w in record if "set_truncated" in str(w.message)] == [
+            __file__
+        ]
+        # what the warning says happens: more written ends than episode starts
+        assert pieces > 0
+
+    def test_default_writes_whole_episodes_silently(self):
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "error", message=r".*set_truncated", category=UserWarning
+            )
+            assert self._episode_pieces(set_truncated=False) == 0
+
+    def test_multi_collector_warns_once(self):
+        rb = ReplayBuffer(storage=LazyTensorStorage(1_000))
+        with pytest.warns(
+            UserWarning, match=r"MultiSyncCollector\(.*set_truncated=True\)"
+        ):
+            collector = MultiSyncCollector(
+                [make_tracked_cartpole],
+                None,
+                frames_per_batch=5,
+                total_frames=10,
+                replay_buffer=rb,
+                trajs_per_batch=1,
+                set_truncated=True,
+            )
+        collector.shutdown()

@@ -288,11 +288,12 @@ class TestPolicyTransforms:
         ]
         assert len(policy_warnings) == 1
         assert "TensorDictPrimer" in str(policy_warnings[0].message)
+        assert str(policy_warnings[0].message).startswith("RayCollector: ")
         assert policy_warnings[0].filename == __file__
 
     def test_worker_error_is_raised_as_itself(self):
         with pytest.warns(PolicyTransformsFutureWarning), pytest.raises(
-            RuntimeError, match="cannot run the policy"
+            RuntimeError, match=r"RayCollector worker \d+ cannot run the policy"
         ) as info:
             _collector(_worker_envs(make=make_worker_cartpole), make_lstm_policy())
         assert "Traceback" in str(info.value.__cause__)

@@ -185,7 +185,9 @@ class _RayWorkerMixin(_RayConstructionMixin, _TrajIdsLayoutMixin):
     """Put in front of the collector class of each :class:`RayCollector` actor."""
 
     def __init__(self, *args, **kwargs):
-        self._ray_worker_warnings = _start_worker_warning_sink()
+        self._ray_worker_warnings = _start_worker_warning_sink(
+            "RayCollector", kwargs.get("worker_idx")
+        )
         super().__init__(*args, **kwargs)
 
     def __repr__(self) -> str:

@@ -475,7 +475,7 @@ def _wrap_missing_env_transforms(env, module_or_transforms):
 
 def _future_warning_message(owner: str, missing: Sequence) -> str:
     return (
-        f"{owner}: the environment lacks {_describe_transforms(missing)}, which "
+        f"{_worker_owner or owner}: the environment lacks {_describe_transforms(missing)}, which "
         "the policy needs to see where trajectories start and to carry its "
         "recurrent state. They are not added because "
         "auto_register_policy_transforms=None; the default will become True in "
@@ -487,7 +487,7 @@ def _future_warning_message(owner: str, missing: Sequence) -> str:
 def _missing_error_message(owner: str, missing: Sequence) -> str:
     keys = ", ".join(repr(k) for k in _missing_keys(missing))
     return (
-        f"{owner} cannot run the policy: the environment lacks the keys [{keys}] "
+        f"{_owner_name(owner)} cannot run the policy: the environment lacks the keys [{keys}] "
         f"that the policy reads (they are written by {_describe_transforms(missing)}). "
         "Either pass auto_register_policy_transforms=True to the collector so that "
         "it appends the missing transforms, or append them to the environment "
@@ -550,13 +550,41 @@ def _check_policy_runs_or_raise(policy, carrier, policy_device, owner, missing) 
 # here instead of being emitted, and sent to the main process which emits them
 # once (see ``_start_worker_warning_sink`` and ``_pop_worker_warnings``).
 _worker_warning_sink: list[str] | None = None
+# The collector the user built, as the worker's messages name it: its warnings,
+# emitted once by the main process, name the collector ("MultiSyncCollector"),
+# its errors name the worker too ("MultiSyncCollector worker 0"). The worker's
+# own inner collector is an implementation detail.
+_worker_owner: str | None = None
+_worker_idx: int | None = None
 
 
-def _start_worker_warning_sink() -> list[str]:
-    """Makes this (worker) process collect the policy-transforms warnings; returns the list."""
-    global _worker_warning_sink
+def _start_worker_warning_sink(
+    owner: str | None = None, worker_idx: int | None = None
+) -> list[str]:
+    """Makes this (worker) process collect the policy-transforms warnings; returns the list.
+
+    Args:
+        owner (str, optional): the class name of the collector the user built,
+            e.g. ``"MultiSyncCollector"``, which the warnings and errors of this
+            worker name. Defaults to the class name of the worker's own collector.
+        worker_idx (int, optional): the index of this worker, which its errors name
+            (``"MultiSyncCollector worker 0 cannot run the policy"``); the warnings,
+            emitted once for all the workers, do not.
+    """
+    global _worker_warning_sink, _worker_owner, _worker_idx
     _worker_warning_sink = []
+    _worker_owner = owner
+    _worker_idx = worker_idx
     return _worker_warning_sink
+
+
+def _owner_name(owner: str) -> str:
+    """How an error raised in this process names its collector."""
+    if _worker_owner is None:
+        return owner
+    if _worker_idx is None:
+        return _worker_owner
+    return f"{_worker_owner} worker {_worker_idx}"
 
 
 def _pop_worker_warnings(msg, worker_warnings: list[str]):
@@ -596,6 +624,25 @@ def _emit_worker_warnings(worker_warnings: Sequence[str]) -> None:
 
 def _warn_missing_policy_transforms(owner: str, missing: Sequence) -> None:
     _emit_policy_transforms_warning(_future_warning_message(owner, missing))
+
+
+def _warn_truncated_trajectories(
+    owner: str, trajs_per_batch, set_truncated: bool, replay_buffer
+) -> None:
+    """Warns that ``set_truncated=True`` cuts the whole trajectories of ``trajs_per_batch``."""
+    if trajs_per_batch is None or not set_truncated or replay_buffer is None:
+        return
+    warnings.warn(
+        f"{owner}(replay_buffer=..., trajs_per_batch={trajs_per_batch}, "
+        "set_truncated=True): set_truncated marks the last step of every batch "
+        "as truncated, so each batch end counts as a trajectory end and episode "
+        "pieces that start without is_init are written to the buffer, instead of "
+        "whole episodes only. With trajs_per_batch nothing needs the batch-end "
+        "marker (no trajectory is written before its end): pass "
+        "set_truncated=False.",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _warn_split_trajs(owner: str) -> None:
