@@ -145,4 +145,10 @@ def test_help_explains_every_flag():
     flags = set(re.findall(r"^\s+(--[a-z-]+)", proc.stdout, flags=re.M))
     declared = set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', RECIPE.read_text()))
     assert declared and declared <= flags | {"--help"}
-    assert proc.stdout.count("(default:") >= len(declared) - 2
+    # every flag that takes a value shows its default; on/off flags do not
+    onoff = re.findall(r'action="store_(?:true|false)"', RECIPE.read_text())
+    assert onoff and proc.stdout.count("(default:") >= len(declared) - len(onoff) - 2
+    # an on/off flag says what it does, not "(default: True)"
+    no_obs_norm = re.search(r"--no-obs-norm\s+(.*?)\n\s+--", proc.stdout, re.S)
+    assert no_obs_norm and "default: True" not in no_obs_norm.group(1)
+    assert "by default VecNormV2 normalizes" in " ".join(no_obs_norm.group(1).split())

@@ -66,3 +66,19 @@ def test_help_lists_the_resources():
     assert proc.returncode == 0
     for flag in ("--collector-cpus", "--buffer-cpus", "--ray-cpus", "--mode", "--seed"):
         assert flag in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--gamma", "5"], "--gamma: must be in [0.0, 1.0], got 5.0"),
+        (["--gamma", "-0.1"], "--gamma: must be in [0.0, 1.0], got -0.1"),
+        (["--lr", "-1"], "--lr: must be in (0.0, inf], got -1.0"),
+        (["--lr", "0"], "--lr: must be in (0.0, inf], got 0.0"),
+        (["--lr", "fast"], "--lr: takes a float, got 'fast'"),
+    ],
+)
+def test_bad_flags(flags, message):
+    proc = _run(*flags, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr, proc.stderr

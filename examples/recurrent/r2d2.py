@@ -101,11 +101,24 @@ def _positive_float(name: str, value: str) -> float:
     return number
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each default, except those of on/off flags.
+
+    ``--no-obs-norm (default: True)`` reads as "off by default"; a flag's help
+    says what it turns on or off instead.
+    """
+
+    def _get_help_string(self, action):
+        if action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=DESCRIPTION,
         epilog="Defaults solve CartPole-v1 without velocities within 300k frames.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     env = parser.add_argument_group("environment")
     env.add_argument(
@@ -145,7 +158,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-obs-norm",
         dest="obs_norm",
         action="store_false",
-        help="do not normalize the observation (VecNormV2)",
+        help="do not normalize the observation (by default VecNormV2 normalizes it)",
     )
     env.add_argument(
         "--obs-norm-frames",

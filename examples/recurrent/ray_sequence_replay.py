@@ -85,6 +85,22 @@ def _at_least(minimum: float, kind=int):
     return parse
 
 
+def _in_range(low: float, high: float, *, low_open: bool = False):
+    """A float in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes a float, got {value!r}") from None
+        if number > high or number < low or (low_open and number == low):
+            bounds = f"{'(' if low_open else '['}{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be in {bounds}, got {number}")
+        return number
+
+    return parse
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=DESCRIPTION,
@@ -125,8 +141,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--num-slices", type=_at_least(1), default=16, help="slices per batch"
     )
-    parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
-    parser.add_argument("--gamma", type=float, default=0.99, help="discount")
+    parser.add_argument(
+        "--lr",
+        type=_in_range(0.0, float("inf"), low_open=True),
+        default=2e-3,
+        help="Adam learning rate",
+    )
+    parser.add_argument(
+        "--gamma", type=_in_range(0.0, 1.0), default=0.99, help="discount"
+    )
     parser.add_argument(
         "--eval-every", type=_at_least(1), default=5_000, help="frames between evals"
     )
