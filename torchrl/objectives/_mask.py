@@ -324,6 +324,15 @@ def _select_rows(tensor: torch.Tensor, mask: torch.Tensor | None) -> torch.Tenso
     return tensor[mask]
 
 
+def _select_rows_stacked(
+    tensor: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Keeps the real rows of a per-row tensor with one leading stack dim (``[K, *batch]``)."""
+    if mask is None:
+        return tensor
+    return _select_rows(tensor.movedim(0, -1), mask).movedim(-1, 0)
+
+
 def _align_rows(
     tensor: torch.Tensor, other: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
