@@ -10,11 +10,13 @@ FORK := $(PY) tools/fork.py
 CONSTRAINTS := requirements/constraints.txt
 REQS := $(addprefix requirements/,runtime.txt build.txt test.txt examples.txt ray.txt)
 OVERLAY := $(shell find torchrl -type f ! -path '*/__pycache__/*' 2>/dev/null)
+# The fixes layer under the overlay: one format-patch per upstream bug fix.
+FIXES := $(wildcard upstream-fixes/*)
 # Our own Python files, held to upstream's lint bar.
 OWN_PY = $(shell git ls-files --cached --others --exclude-standard -- '*.py')
 
 .PHONY: install dev demo test pytest lint check docs bench upstream-diff \
-	sync export wheel clean upstream-tests upstream-test-map
+	sync export wheel clean upstream-tests upstream-test-map upstream-prs fixes-workspace fixes-export
 
 # The virtual environment with the pins (requirements/*.txt, UPSTREAM.toml).
 $(VENV)/.deps: $(REQS) $(CONSTRAINTS)
@@ -41,7 +43,7 @@ $(VENV)/.upstream-test-deps: requirements/upstream-tests.txt $(CONSTRAINTS) | $(
 	touch $@
 
 # The fork's wheel, installed; rebuilt only when the overlay or tool changed.
-$(VENV)/.installed: $(VENV)/.deps $(OVERLAY) UPSTREAM.toml tools/fork.py setup.py pyproject.toml
+$(VENV)/.installed: $(VENV)/.deps $(OVERLAY) $(FIXES) UPSTREAM.toml tools/fork.py setup.py pyproject.toml
 	$(PIP) install -q --no-build-isolation --no-deps --force-reinstall .
 	rm -f $(VENV)/.dev
 	touch $@
@@ -97,6 +99,19 @@ UPSTREAM_TESTS ?= ../shared/upstream-tests-v0.12.0
 SIDES ?= rerun
 upstream-tests: $(VENV)/.upstream-test-deps build/fork
 	$(PY) .ci/upstream_tests.py --tests $(UPSTREAM_TESTS) --sides $(SIDES) $(if $(FULL),--full)
+
+# The fixes layer as upstream pull requests: checks each fix on its own against
+# pristine (applies, its new tests fail there and pass with it, flake8/ufmt)
+# and writes the patches and PR texts into dist/upstream-prs/.
+upstream-prs: $(VENV)/.upstream-test-deps $(VENV)/.lint-deps build/fork
+	$(PY) tools/upstream_prs.py --tests $(UPSTREAM_TESTS) check
+
+# Edit the fixes: build/fixes holds pristine + upstream's tests, a commit per fix.
+fixes-workspace: $(VENV)/.deps build/fork
+	$(PY) tools/upstream_prs.py --tests $(UPSTREAM_TESTS) workspace
+
+fixes-export: $(VENV)/.deps
+	$(PY) tools/upstream_prs.py --tests $(UPSTREAM_TESTS) export
 
 # Records the test-impact map: upstream's suite on pristine under coverage
 # (about an hour on 2 cores), folded into .ci/upstream-test-map.json.gz.

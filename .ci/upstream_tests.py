@@ -283,6 +283,15 @@ class Runner:
         print(f"  {side:8} {label:34} {_fmt_counts(res)}", flush=True)
         return res
 
+    def apply_fix_tests(self) -> int:
+        """Adds the test hunks of the fixes layer to the copy of the suite."""
+        sys.path.insert(0, str(ROOT / "tools"))
+        import fork as fork_tool
+
+        series = fork_tool.fix_series(Path(self.args.fixes))
+        fork_tool.apply_fixes(Path(self.args.fixes), self.work, "test/*")
+        return len(series)
+
     def select_by_map(self, tests: Path, fork: Path, pristine: Path, known) -> str:
         """Deselects the mapped tests that execute nothing the fork changes.
 
@@ -348,6 +357,9 @@ class Runner:
         with tempfile.TemporaryDirectory(prefix="upstream-tests-") as tmp:
             self.work = Path(tmp) / "suite"
             shutil.copytree(tests, self.work)
+            # the regression tests of the fixes layer run too (the map has
+            # never seen them); the suite the map was recorded on is `tests`
+            fixes = self.apply_fix_tests()
             (self.work / "_plugin").mkdir()
             shutil.copy(PLUGIN, self.work / "_plugin" / PLUGIN.name)
             shutil.copy(IMPACT_PLUGIN, self.work / "_plugin" / IMPACT_PLUGIN.name)
@@ -359,6 +371,12 @@ class Runner:
                 flush=True,
             )
             print(f"upstream-tests: runs {self.selection}", flush=True)
+            if fixes:
+                print(
+                    f"upstream-tests: with the regression tests of {fixes} fixes "
+                    f"({args.fixes}/series)",
+                    flush=True,
+                )
             if args.record_map:
                 # What each test runs of pristine torchrl, for the map builder
                 # (it reads the outcomes from the logs of this run).
@@ -588,6 +606,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=str(ROOT / "build" / "upstream-tests"))
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument(
+        "--fixes",
+        default=str(ROOT / "upstream-fixes"),
+        help="the fixes layer, whose regression tests are added to the suite",
+    )
     parser.add_argument(
         "--map",
         default=str(ROOT / ".ci" / "upstream-test-map.json.gz"),

@@ -262,6 +262,8 @@ class TestUpstreamTests:
                 str(self.RUNNER),
                 "--tests",
                 str(suite),
+                "--fixes",
+                str(tmp_path / "no-fixes"),
                 "--fork",
                 str(self._side(tmp_path / "fork", 2)),
                 "--pristine",
@@ -323,6 +325,8 @@ class TestUpstreamTests:
                 str(self.RUNNER),
                 "--tests",
                 str(suite),
+                "--fixes",
+                str(tmp_path / "no-fixes"),
                 "--fork",
                 str(self._side(tmp_path / "fork", 1)),
                 "--pristine",
@@ -426,6 +430,7 @@ class TestUpstreamTestMap:
         pytest.importorskip("coverage")
         suite, pristine, fork = self._layout(tmp_path)
         common = ["--tests", suite, "--pristine", pristine, "--fork", fork]
+        common += ["--fixes", tmp_path / "no-fixes"]
         rec = self._run(
             self.RUNNER,
             *common,

@@ -6,12 +6,17 @@
 
 A change to upstream module ``torchrl/X/Y.py`` is one unified diff at
 ``torchrl/X/Y.py.patch``; a brand-new module is a full file under ``torchrl/``.
-``sync`` unpacks the pinned wheel into ``build/upstream`` and lays pristine +
-overlay into ``build/fork``, a git repository whose tags ``upstream`` and
-``overlay`` hold pristine and what the last sync or export left. ``export``
-writes the overlay back from ``build/fork``, ``check`` verifies both, ``wheel``
-builds the fork's wheel (with the ``wheel`` tool and ``cpp_extension.load``) and
-``upstream-diff`` prints the whole change as one diff against upstream.
+Under the overlay lies the fixes layer: ``upstream-fixes/series`` names, in
+order, ``git format-patch`` files against pristine upstream, one bug fix each,
+with its regression test in upstream's own test files. ``sync`` unpacks the
+pinned wheel into ``build/upstream`` and lays pristine + the fixes' source
+hunks + overlay into ``build/fork``, a git repository whose tags ``upstream``,
+``fixes`` and ``overlay`` hold pristine, pristine + fixes (the base of every
+patch of the overlay) and what the last sync or export left. ``export`` writes
+the overlay back from ``build/fork``, ``check`` verifies both, ``wheel`` builds
+the fork's wheel (with the ``wheel`` tool and ``cpp_extension.load``) and
+``upstream-diff`` prints the feature change as one diff against pristine +
+fixes (``tools/upstream_prs.py`` turns the fixes into pull requests).
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from packaging.utils import parse_wheel_filename
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "torchrl"
+FIXES = "upstream-fixes"
 PATCH_SUFFIX = ".patch"
 PLACEHOLDER = "(say what this file gains)"
 BASE_LINE = re.compile(r"^Base-SHA256:.*$", flags=re.M)
@@ -68,6 +74,43 @@ EXT_CFLAGS = ["-O3", "-g0"]
 
 class ForkError(Exception):
     """A failure the user can act on; the message says what to do."""
+
+
+def fix_series(folder: Path) -> list[Path]:
+    """The patches that ``folder/series`` lists, in order (none without it)."""
+    folder = Path(folder)
+    series = folder / "series"
+    if not series.is_file():
+        return []
+    names = [line.split("#")[0].strip() for line in series.read_text().splitlines()]
+    paths = [folder / name for name in names if name]
+    listed = {path.name for path in paths}
+    unlisted = sorted(p.name for p in folder.glob("*.patch") if p.name not in listed)
+    missing = [path.name for path in paths if not path.is_file()]
+    if missing or unlisted:
+        raise ForkError(
+            f"{series}: lists missing files{bullets(missing)}\nand leaves out"
+            f"{bullets(unlisted)}\nevery fix patch is listed once, in order"
+        )
+    return paths
+
+
+def apply_fixes(folder: Path, dest: Path, include: str) -> None:
+    """Applies the paths ``include`` (a ``git apply`` glob) of every fix to ``dest``."""
+    for path in fix_series(folder):
+        proc = git(
+            "apply",
+            f"--include={include}",
+            cwd=dest,
+            check=False,
+            input=path.read_bytes(),
+        )
+        if proc.returncode != 0:
+            why = proc.stderr.decode(errors="replace").strip()
+            raise ForkError(
+                f"{path} does not apply ({include}) on pristine "
+                f"and the fixes before it:\n  {why}"
+            )
 
 
 def sha256_file(path: Path) -> str:
@@ -218,13 +261,14 @@ class Fork:
     def apply_overlay(self, dest: Path) -> None:
         """Applies every patch and copies every new module into ``dest``.
 
-        Each patch is checked first (base hash, then ``git apply --check``,
-        which never fuzzes); all failures are reported together.
+        ``dest`` holds pristine + fixes, the base of the patches. Each patch is
+        checked first (base hash, then ``git apply --check``, which never
+        fuzzes); all failures are reported together.
         """
         pristine, (patches, modules) = self.ensure_upstream(), self.overlay()
         errors = []
         for target, path in patches.items():
-            shown, base = path.relative_to(self.root), pristine / target
+            shown, base = path.relative_to(self.root), dest / target
             if not base.is_file():
                 errors.append(f"{shown}: orphaned: upstream has no {target}")
                 continue
@@ -237,12 +281,15 @@ class Fork:
             elif want != have:
                 errors.append(
                     f"{shown}: wrong base: it was made against a file with sha256 "
-                    f"{want}, but pristine {target} has sha256 {have}. Rebase the "
-                    "patch on the pinned release (edit build/fork, then export)."
+                    f"{want}, but {target} of pristine + fixes has sha256 {have}. "
+                    "Rebase the patch on the pinned release and the fixes (edit "
+                    "build/fork, then export)."
                 )
             elif proc.returncode != 0:
                 why = proc.stderr.decode(errors="replace").strip()
-                errors.append(f"{shown}: does not apply to pristine {target}:\n  {why}")
+                errors.append(
+                    f"{shown}: does not apply to {target} of pristine + fixes:\n  {why}"
+                )
         for target, path in modules.items():
             if (pristine / target).exists():
                 errors.append(
@@ -258,14 +305,17 @@ class Fork:
             shutil.copyfile(path, dest / target)
 
     def materialize(self, dest: Path) -> Path:
-        """Lays pristine + overlay into ``dest``, a git repo tagged ``upstream``
-        (pristine) and ``overlay`` (pristine + overlay)."""
+        """Lays pristine + fixes + overlay into ``dest``, a git repo tagged
+        ``upstream`` (pristine), ``fixes`` (pristine + the fixes' source hunks)
+        and ``overlay`` (pristine + fixes + overlay)."""
         pristine = self.ensure_upstream()
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(pristine, dest, ignore=NO_BINARIES)
         (dest / ".gitignore").write_text("\n".join((*IGNORED, ".gitignore\n")))
         git("init", "-q", cwd=dest)
         commit(dest, "upstream")
+        apply_fixes(self.root / FIXES, dest, f"{PACKAGE}/*")
+        commit(dest, "fixes")
         self.apply_overlay(dest)
         commit(dest, "overlay")
         return dest
@@ -295,7 +345,7 @@ class Fork:
 
     def _wanted_overlay(self, tree: Path) -> dict[str, bytes]:
         """What the overlay must hold so that it reproduces ``tree``."""
-        changed = changes(tree, "upstream")
+        changed = changes(tree, "fixes")
         removed = [rel for rel, kind in changed.items() if kind == "D"]
         if removed:
             raise ForkError(
@@ -309,11 +359,12 @@ class Fork:
                 continue
             old = self.overlay_dir / (ours + PATCH_SUFFIX)
             header = read_patch(old)[0] if old.is_file() else HEADER
-            base = f"Base-SHA256: {sha256_file(self.upstream / rel)}"
+            fixed = git("show", f"fixes:{rel}", cwd=tree).stdout
+            base = f"Base-SHA256: {hashlib.sha256(fixed).hexdigest()}"
             header, found = BASE_LINE.subn(base, header, count=1)
             if not found:
                 header = header.rstrip("\n") + f"\n{base}\n\n"
-            diff = git(*GIT_DIFF, "upstream", "--", rel, cwd=tree).stdout
+            diff = git(*GIT_DIFF, "fixes", "--", rel, cwd=tree).stdout
             wanted[ours + PATCH_SUFFIX] = header.encode() + normalize_diff(diff)
         return wanted
 
@@ -430,6 +481,7 @@ class Fork:
                 pth = tree / f"__editable__.{PACKAGE}-{self.version}.pth"
                 pth.write_text(f"{self.fork.resolve()}\n")
             else:
+                apply_fixes(self.root / FIXES, tree, f"{PACKAGE}/*")
                 self.apply_overlay(tree)
                 for binary in binaries:  # built for upstream's torch: rebuilt
                     binary.unlink()
@@ -446,7 +498,8 @@ class Fork:
         return out
 
     def upstream_diff(self) -> bytes:
-        """The whole change as one diff a maintainer can ``git apply``."""
+        """The feature change as one diff a maintainer can ``git apply`` on
+        pristine + fixes (the fixes go upstream first, one pull request each)."""
         patches, modules = self.overlay()
         chunks = [normalize_diff(read_patch(path)[1]) for path in patches.values()]
         ours = [f"{d}/{r}" for d in UPSTREAM_DIRS for r in tree_files(self.root / d)]

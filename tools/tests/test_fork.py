@@ -379,11 +379,85 @@ class TestUpstreamDiff:
 
 
 def test_real_overlay_upstream_diff_applies_to_pristine(tmp_path: Path):
-    """The project's own upstream diff applies to pristine torchrl 0.12.0."""
+    """The project's own upstream diff applies to pristine torchrl 0.12.0 + fixes."""
     real = Fork(REAL_ROOT)
     target = real._unpack_pristine(tmp_path)
+    fork.apply_fixes(REAL_ROOT / fork.FIXES, target, "torchrl/*")
     diff = real.upstream_diff()
     proc = subprocess.run(
         ["git", "apply", "--check", "-"], cwd=target, input=diff, capture_output=True
     )
     assert proc.returncode == 0, proc.stderr.decode()
+
+
+FIX = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: A Maintainer <m@example.com>
+Date: Thu, 1 Jan 1970 00:00:00 +0000
+Subject: [PATCH] [BugFix] double() doubles
+
+It tripled.
+
+---
+diff --git a/test/test_util.py b/test/test_util.py
+new file mode 100644
+--- /dev/null
++++ b/test/test_util.py
+@@ -0,0 +1,2 @@
++def test_double():
++    assert double(2) == 4
+diff --git a/torchrl/sub/util.py b/torchrl/sub/util.py
+--- a/torchrl/sub/util.py
++++ b/torchrl/sub/util.py
+@@ -1,2 +1,2 @@
+ def double(x):
+-    return 2 * x
++    return x + x
+"""
+
+
+class TestFixes:
+    """The fixes layer: source hunks under the overlay, the base of its patches."""
+
+    def _with_fix(self, repo: Fork) -> Path:
+        folder = repo.root / fork.FIXES
+        folder.mkdir()
+        (folder / "0001-fix.patch").write_text(FIX)
+        (folder / "series").write_text("# in order\n0001-fix.patch\n")
+        repo.sync()
+        return folder
+
+    def test_sync_lays_the_fixes_under_the_overlay(self, repo: Fork):
+        self._with_fix(repo)
+        assert "x + x" in (repo.fork / "torchrl/sub/util.py").read_text()
+        assert not (repo.fork / "test").exists()  # test hunks go to the suite
+        assert "2 * x" in (repo.upstream / "torchrl/sub/util.py").read_text()
+        assert repo.check() == []
+
+    def test_overlay_patches_are_made_against_the_fixes(self, repo: Fork):
+        self._with_fix(repo)
+        edit(repo, "torchrl/sub/util.py", "x + x", "x + x  # doubled")
+        repo.export()
+        patch = describe(repo, "torchrl/sub/util.py.patch").read_text()
+        assert "-    return x + x\n+    return x + x  # doubled" in patch
+        assert "2 * x" not in patch
+        fixed = (repo.fork / "torchrl/sub/util.py").read_bytes()
+        assert (
+            hashlib.sha256(b"def double(x):\n    return x + x\n").hexdigest() in patch
+        )
+        repo.sync()
+        assert (repo.fork / "torchrl/sub/util.py").read_bytes() == fixed
+        assert repo.check() == []
+
+    def test_test_hunks_apply_to_a_suite(self, repo: Fork, tmp_path: Path):
+        folder = self._with_fix(repo)
+        suite = tmp_path / "suite"
+        (suite / "test").mkdir(parents=True)
+        fork.apply_fixes(folder, suite, "test/*")
+        assert "double(2) == 4" in (suite / "test/test_util.py").read_text()
+        assert not (suite / "torchrl").exists()
+
+    def test_series_lists_every_patch(self, repo: Fork):
+        folder = self._with_fix(repo)
+        (folder / "0002-unlisted.patch").write_text(FIX)
+        with pytest.raises(ForkError, match=r"leaves out[\s\S]*0002-unlisted.patch"):
+            fork.fix_series(folder)
