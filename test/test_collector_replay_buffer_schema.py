@@ -78,10 +78,8 @@ def _fill(collector) -> None:
         collector.shutdown()
 
 
-@functools.lru_cache
-def _reference_keys(kind: str) -> frozenset:
-    """What a single collector on an env built with ``policy=`` stores."""
-    rb = ReplayBuffer(storage=LazyTensorStorage(1000))
+def _fill_from_single_collector(rb, kind: str) -> None:
+    """Fills ``rb`` with one batch of a single collector on an env built with ``policy=``."""
     policy = make_recurrent_policy(kind)
     _fill(
         Collector(
@@ -92,6 +90,13 @@ def _reference_keys(kind: str) -> frozenset:
             replay_buffer=rb,
         )
     )
+
+
+@functools.lru_cache
+def _reference_keys(kind: str) -> frozenset:
+    """What a single collector on an env built with ``policy=`` stores."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000))
+    _fill_from_single_collector(rb, kind)
     keys = frozenset(_keys(rb))
     # what the test is about: the wiring and the policy's outputs are stored
     assert {"is_init", ("next", "is_init"), "features", "logits"} <= keys
@@ -289,16 +294,7 @@ class TestMismatchedWritesRaise:
 
     def test_missing_keys(self):
         rb = _buffer()
-        policy = make_recurrent_policy("lstm")
-        _fill(
-            Collector(
-                make_cartpole(policy=policy),
-                policy,
-                frames_per_batch=FRAMES_PER_BATCH,
-                total_frames=FRAMES_PER_BATCH,
-                replay_buffer=rb,
-            )
-        )
+        _fill_from_single_collector(rb, "lstm")
         # a feed-forward policy on the bare env would leave the recurrent
         # entries of its rows stale
         collector = Collector(
