@@ -87,13 +87,22 @@ def _check_slices(sample, slice_len=SLICE_LEN) -> None:
 
 class TestTrajIds:
     def test_unique_across_workers_and_stable_across_batches(self):
+        # Async collection yields whichever worker is ready first: on a loaded
+        # machine one worker may deliver the first batches alone. Run until
+        # each worker has delivered two batches, so that the stable-id check
+        # runs for both, and fail if that takes more than 40 batches.
         collector = _collector(
-            _worker_envs(), make_lstm_policy(), auto_register_policy_transforms=True
+            _worker_envs(),
+            make_lstm_policy(),
+            total_frames=-1,
+            auto_register_policy_transforms=True,
         )
         owner = {}
         last = {}
+        batches = {0: 0, 1: 0}
         try:
-            for data in collector:
+            for i, data in enumerate(collector):
+                assert i < 40, f"a worker delivered too few batches: {batches}"
                 worker = data["worker_id"]
                 assert (worker == worker[0]).all()
                 w = int(worker[0])
@@ -106,6 +115,9 @@ class TestTrajIds:
                     prev_traj, prev_done = last[w]
                     assert (traj[0] == prev_traj) != prev_done
                 last[w] = (traj[-1], bool(data["next", "done"][-1]))
+                batches[w] += 1
+                if min(batches.values()) >= 2:
+                    break
         finally:
             collector.shutdown()
         assert set(owner.values()) == {0, 1}
