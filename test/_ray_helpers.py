@@ -116,16 +116,26 @@ def wait_until(predicate, timeout: float, interval: float = 0.2) -> bool:
     return predicate()
 
 
-def check_traj_ids(batches) -> dict[int, int]:
+def check_traj_ids(
+    batches, num_workers: int | None = None, max_batches: int = 40
+) -> dict[int, int]:
     """Checks the trajectory ids of a distributed collector's batches; returns id -> worker.
 
     Every id belongs to one worker (rows carry ``"worker_id"``), and the
     trajectory running at the end of a worker's batch keeps its id at the start
     of that worker's next batch unless it ended there.
+
+    With ``num_workers``, batches are read until each of the workers has
+    delivered rows in two of them (an asynchronous collector yields whichever
+    worker is ready first, so a fixed number of batches may hold one worker
+    only), and at most ``max_batches``.
     """
     owner: dict[int, int] = {}
     last: dict[int, tuple[int, bool]] = {}
-    for data in batches:
+    seen: dict[int, int] = {}
+    for i, data in enumerate(batches):
+        if num_workers is not None:
+            assert i < max_batches, f"batches per worker after {i}: {seen}"
         flat = data.reshape(-1)
         for w in flat["worker_id"].unique().tolist():
             rows = flat[flat["worker_id"] == w]  # in time order
@@ -138,4 +148,8 @@ def check_traj_ids(batches) -> dict[int, int]:
                     int(traj[0]) == prev_traj
                 ) != prev_done, "a trajectory changed its id from one batch to the next"
             last[w] = (int(traj[-1]), bool(rows["next", "done"][-1]))
+            seen[w] = seen.get(w, 0) + 1
+        if num_workers is not None and len(seen) == num_workers:
+            if min(seen.values()) >= 2:
+                break
     return owner

@@ -50,13 +50,14 @@ def test_traj_ids_unique_and_stable(cls, kwargs):
         policy,
         collector_class=Collector,
         frames_per_batch=FRAMES_PER_BATCH,
-        total_frames=6 * FRAMES_PER_BATCH,
+        # an upper bound: check_traj_ids stops once both nodes delivered twice
+        total_frames=40 * FRAMES_PER_BATCH,
         launcher="mp",
         tcp_port=_free_port(),
         **kwargs,
     )
     try:
-        owner = check_traj_ids(collector)
+        owner = check_traj_ids(collector, num_workers=2)
     finally:
         collector.shutdown()
     assert set(owner.values()) == {0, 1}
