@@ -94,11 +94,13 @@ test: install build/fork $(VENV)/.lint-deps $(VENV)/.docs-deps
 # that fail on pristine too are listed in .ci/upstream-pristine-failures.txt.
 # By default only the tests that the test-impact map (.ci/upstream_map.py) shows
 # executing a function the fork changes run, with every test the map has not
-# seen; FULL=1 runs them all.
+# seen; FULL=1 runs them all. Multiprocess tests start their workers from a
+# forkserver that has imported torch, tensordict and torchrl (pickled as with
+# spawn, imported once); SPAWN=1 keeps torchrl's default start method.
 UPSTREAM_TESTS ?= ../shared/upstream-tests-v0.12.0
 SIDES ?= rerun
 upstream-tests: $(VENV)/.upstream-test-deps build/fork
-	$(PY) .ci/upstream_tests.py --tests $(UPSTREAM_TESTS) --sides $(SIDES) $(if $(FULL),--full)
+	$(PY) .ci/upstream_tests.py --tests $(UPSTREAM_TESTS) --sides $(SIDES) $(if $(FULL),--full) $(if $(SPAWN),--start-method default)
 
 # The fixes layer as upstream pull requests: checks each fix on its own against
 # pristine (applies, its new tests fail there and pass with it, flake8/ufmt)

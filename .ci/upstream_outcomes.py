@@ -16,11 +16,25 @@ Loaded with ``-p upstream_outcomes`` (its folder is put on ``PYTHONPATH``).
 - ``UPSTREAM_DESELECT=FILE``: the items whose node id is listed in FILE are
   deselected (the tests the test-impact map shows cannot see the fork's
   change); every other item runs.
+- ``UPSTREAM_FORKSERVER=MOD,MOD``: the default multiprocessing start method
+  becomes ``forkserver`` with these modules preloaded in the server, set
+  before any test module imports torchrl (which keeps a start method that is
+  already set). Workers are still started from a pickled process object, as
+  with ``spawn``, so every pickling path runs; only the imports that each
+  ``spawn`` worker repeats (about 3 s of torch and tensordict) are done once
+  per server. Tests that ask for a start method by name keep it.
 """
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+
+if os.environ.get("UPSTREAM_FORKSERVER"):
+    multiprocessing.set_start_method("forkserver", force=True)
+    multiprocessing.set_forkserver_preload(
+        os.environ["UPSTREAM_FORKSERVER"].split(",")
+    )
 
 _MAX_LONGREPR = 20000
 

@@ -349,6 +349,59 @@ class TestUpstreamTests:
         last = proc.stdout.rstrip().splitlines()[-1]
         assert last.startswith("upstream-tests: OK, fork-only failures: 0;"), last
 
+    @pytest.mark.parametrize("start_method", ["forkserver", "default"])
+    def test_start_method(self, tmp_path, start_method):
+        # forkserver (the default): the tests' default start method, on both
+        # sides, and a worker pickled to it runs; "default" leaves it unset
+        suite = tmp_path / "suite"
+        (suite / "test").mkdir(parents=True)
+        (suite / "pytest.ini").write_text("[pytest]\ntestpaths = test\n")
+        (suite / "test" / "test_mp.py").write_text(
+            "import multiprocessing as mp\n\n"
+            "def _square(x):\n    return x * x\n\n"
+            "def test_forkserver():\n"
+            "    assert mp.get_start_method() == 'forkserver'\n"
+            "    with mp.get_context().Pool(1) as pool:\n"
+            "        assert pool.map(_square, [3]) == [9]\n"
+        )
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(self.RUNNER),
+                "--tests",
+                str(suite),
+                "--fixes",
+                str(tmp_path / "no-fixes"),
+                "--fork",
+                str(self._side(tmp_path / "fork", 1)),
+                "--pristine",
+                str(self._side(tmp_path / "pristine", 1)),
+                "--known",
+                str(tmp_path / "absent.txt"),
+                "--sides",
+                "both",
+                "--targets",
+                "test",
+                "-n",
+                "0",
+                "--timeout",
+                "0",
+                "--start-method",
+                start_method,
+                "--out",
+                str(tmp_path / "out"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        report = json.loads((tmp_path / "out" / "report.json").read_text())
+        expected = "passed" if start_method == "forkserver" else "failed"
+        for side in ("fork", "pristine"):
+            outcome = report[side]["test/test_mp.py::test_forkserver"]
+            assert outcome == expected, proc.stdout + proc.stderr
+        if start_method == "forkserver":
+            assert "start method: forkserver, preloading" in proc.stdout
+
 
 _PRISTINE_MODULE = '''"""A stand-in for the torchrl package."""
 import os
