@@ -32,9 +32,7 @@ import os
 
 if os.environ.get("UPSTREAM_FORKSERVER"):
     multiprocessing.set_start_method("forkserver", force=True)
-    multiprocessing.set_forkserver_preload(
-        os.environ["UPSTREAM_FORKSERVER"].split(",")
-    )
+    multiprocessing.set_forkserver_preload(os.environ["UPSTREAM_FORKSERVER"].split(","))
 
 _MAX_LONGREPR = 20000
 

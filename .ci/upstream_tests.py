@@ -154,6 +154,7 @@ class Runner:
         self.out = Path(args.out).resolve()
         self.calls = 0
         self.deselect: Path | None = None
+        self.fix_tests: set[tuple[str, str]] = set()
 
     def _env(self, side_path: Path, select: Path | None, outcomes: Path) -> dict:
         env = dict(os.environ)
@@ -205,6 +206,7 @@ class Runner:
         workers: int,
         label: str,
         select: list[str] | None = None,
+        extra: list[str] = (),
     ) -> tuple[Result, int]:
         """One pytest call; its log goes to ``--out``, its outcomes are returned."""
         self.calls += 1
@@ -235,6 +237,7 @@ class Runner:
                 else ["-p", "no:xdist"]
             ),
             *self.args.pytest_args,
+            *extra,
             *paths,
         ]
         start, cpu = time.monotonic(), _children_cpu()
@@ -269,6 +272,26 @@ class Runner:
             total.update(res)
             self.timings.append((side, target, res))
             print(f"  {side:8} {target:34} {_fmt_counts(res)}", flush=True)
+        outside = sorted(
+            {f for f, _ in self.fix_tests if not _in_targets(f, self.args.targets)}
+        )
+        if outside and not self.args.record_map:
+            # the fixes' regression tests in files that no target runs
+            names = sorted({n for f, n in self.fix_tests if f in outside})
+            label = "fixes' tests elsewhere"
+            res, rc = self.pytest(
+                side,
+                side_path,
+                outside,
+                workers=0,
+                label=label,
+                extra=["-k", " or ".join(names)],
+            )
+            if rc not in (0, 1) or (rc == 1 and not res.failing()):
+                broken.append(f"{side} {label}: pytest exited {rc}")
+            total.update(res)
+            self.timings.append((side, label, res))
+            print(f"  {side:8} {label:34} {_fmt_counts(res)}", flush=True)
         return total, broken
 
     def rerun(
@@ -294,8 +317,29 @@ class Runner:
         sys.path.insert(0, str(ROOT / "tools"))
         import fork as fork_tool
 
+        import upstream_prs
+
         series = fork_tool.fix_series(Path(self.args.fixes))
         fork_tool.apply_fixes(Path(self.args.fixes), self.work, "test/*")
+        # (file, test function) of each test the fixes add: it fails on
+        # pristine by design, so on the fork it must pass whatever pristine does
+        files = sorted(
+            {
+                line.split("\t")[-1]
+                for patch in series
+                for line in subprocess.run(
+                    ["git", "apply", "--numstat", "--include=test/*", str(patch)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout.splitlines()
+            }
+        )
+        tests = Path(self.args.tests).resolve()
+        added = upstream_prs._test_names(self.work, files) - upstream_prs._test_names(
+            tests, files
+        )
+        self.fix_tests = {tuple(n.split("::")) for n in added}
         return len(series)
 
     def select_by_map(self, tests: Path, fork: Path, pristine: Path, known) -> str:
@@ -438,12 +482,18 @@ class Runner:
         wall = time.monotonic() - wall
         return self.report(fork_res, pristine_res, flaky, known, broken, wall)
 
+    def _is_fix_test(self, nodeid: str) -> bool:
+        """Whether a node id is one of the tests the fixes layer adds."""
+        parts = nodeid.split("::")
+        return (parts[0], parts[-1].split("[")[0]) in self.fix_tests
+
     def report(self, fork_res, pristine_res, flaky, known, broken, wall) -> int:
         args = self.args
         fork_fail = fork_res.failing()
         both, fork_only = [], []
         for n in fork_fail:
-            (both if pristine_res.outcomes.get(n) in FAILING else fork_only).append(n)
+            on_pristine = pristine_res.outcomes.get(n) in FAILING
+            (both if on_pristine and not self._is_fix_test(n) else fork_only).append(n)
         by_entry: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
         unexplained = []
         for n in both:
@@ -564,6 +614,10 @@ class Runner:
             f"({len(both)} on pristine too), {c['skipped']} skip"
         )
         return rc
+
+
+def _in_targets(path: str, targets: list[str]) -> bool:
+    return any(path == t or path.startswith(t.rstrip("/") + "/") for t in targets)
 
 
 def _children_cpu() -> float:

@@ -349,6 +349,64 @@ class TestUpstreamTests:
         last = proc.stdout.rstrip().splitlines()[-1]
         assert last.startswith("upstream-tests: OK, fork-only failures: 0;"), last
 
+    @pytest.mark.parametrize("fork_value", [2, 1])
+    def test_fix_tests_must_pass_on_the_fork(self, tmp_path, fork_value):
+        # a fix's regression test fails on pristine by design: on the fork it
+        # must pass, also in a file that no target runs
+        suite = tmp_path / "suite"
+        (suite / "test").mkdir(parents=True)
+        (suite / "pytest.ini").write_text("[pytest]\ntestpaths = test\n")
+        (suite / "test" / "test_a.py").write_text("def test_a():\n    pass\n")
+        (suite / "test" / "test_b.py").write_text("def test_b():\n    pass\n")
+        fixes = tmp_path / "fixes"
+        fixes.mkdir()
+        (fixes / "0001-fix.patch").write_text(
+            "Subject: [PATCH] [BugFix] a fix\n\n"
+            "--- a/test/test_b.py\n+++ b/test/test_b.py\n"
+            "@@ -1,2 +1,7 @@\n def test_b():\n     pass\n"
+            "+\n+\n+def test_fixed():\n+    import torchrl\n"
+            "+    assert torchrl.VALUE == 2\n"
+        )
+        (fixes / "series").write_text("0001-fix.patch\n")
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(self.RUNNER),
+                "--tests",
+                str(suite),
+                "--fixes",
+                str(fixes),
+                "--fork",
+                str(self._side(tmp_path / "fork", fork_value)),
+                "--pristine",
+                str(self._side(tmp_path / "pristine", 1)),
+                "--known",
+                str(tmp_path / "absent.txt"),
+                "--targets",
+                "test/test_a.py",
+                "-n",
+                "0",
+                "--timeout",
+                "0",
+                "--out",
+                str(tmp_path / "out"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        out = proc.stdout + proc.stderr
+        report = json.loads((tmp_path / "out" / "report.json").read_text())
+        # only the fix's test of test_b.py runs, not test_b itself
+        assert "test/test_b.py::test_b" not in report["fork"], out
+        if fork_value == 2:
+            assert report["fork"]["test/test_b.py::test_fixed"] == "passed", out
+            assert proc.returncode == 0, out
+        else:
+            assert report["pristine"]["test/test_b.py::test_fixed"] == "failed", out
+            assert proc.returncode == 1, out
+            fork_only = out.split("FORK-ONLY FAILURES")[1].split("\n\n")[0]
+            assert "test/test_b.py::test_fixed" in fork_only, out
+
     @pytest.mark.parametrize("start_method", ["forkserver", "default"])
     def test_start_method(self, tmp_path, start_method):
         # forkserver (the default): the tests' default start method, on both
