@@ -157,10 +157,41 @@ def _run_tests(tree: Path, files: list[str], names: list[str], python: str) -> d
     return outcomes
 
 
-def check_fix(path: Path, fork: Fork, tests: Path, python: str) -> list[str]:
-    """What is wrong with one fix, checked on its own against pristine."""
+def _depends_on(body: str, series: list[Path], path: Path) -> list[Path]:
+    """The earlier fixes that a ``Depends-on: NNNN`` line of the PR text names.
+
+    A fix whose hunks touch lines another fix changed cannot apply to pristine
+    alone; upstream it would be a stacked PR. It is checked on pristine with
+    those fixes applied.
+    """
+    wanted = re.findall(r"^Depends-on:\s*(.+)$", body, flags=re.M)
+    numbers = [n for line in wanted for n in re.findall(r"\b(\d{4})\b", line)]
+    earlier = series[: series.index(path)] if path in series else series
+    deps = []
+    for number in numbers:
+        match = [p for p in earlier if p.name.startswith(number + "-")]
+        if not match:
+            raise ForkError(
+                f"{path.name}: 'Depends-on: {number}' names no earlier fix of the series"
+            )
+        deps.append(match[0])
+    return deps
+
+
+def check_fix(
+    path: Path, fork: Fork, tests: Path, python: str, series: list[Path] = ()
+) -> list[str]:
+    """What is wrong with one fix, checked on its own against pristine.
+
+    "Pristine" is pristine v0.12.0 with only the fixes that the PR text names
+    in a ``Depends-on:`` line applied first.
+    """
     patch, problems = path.read_bytes(), []
     subject, body = _message(path)
+    try:
+        deps = _depends_on(body, list(series), path)
+    except ForkError as err:
+        return [str(err)]
     if not body:
         problems.append("no PR text: the commit message has no body")
     lines = _source_lines(patch)
@@ -175,6 +206,8 @@ def check_fix(path: Path, fork: Fork, tests: Path, python: str) -> list[str]:
         return problems + ["adds no regression test to upstream's test files"]
     with tempfile.TemporaryDirectory() as tmp:
         tree = _lay(Path(tmp) / "tree", tests, fork, binaries=True)
+        for dep in deps:
+            git("apply", cwd=tree, input=dep.read_bytes())
         proc = git("apply", "--check", cwd=tree, check=False, input=patch)
         if proc.returncode != 0:
             return problems + [f"does not apply to pristine: {proc.stderr.decode()}"]
@@ -257,7 +290,7 @@ def check(fork: Fork, tests: Path, python: str, out: Path) -> int:
         subject, body = _message(path)
         shutil.copyfile(path, out / path.name)
         (out / path.with_suffix(".md").name).write_text(f"# {subject}\n\n{body}\n")
-        problems = check_fix(path, fork, tests, python)
+        problems = check_fix(path, fork, tests, python, series)
         size = _source_lines(path.read_bytes())
         status = "FAILED" if problems else "ok"
         print(

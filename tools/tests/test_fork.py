@@ -461,3 +461,14 @@ class TestFixes:
         (folder / "0002-unlisted.patch").write_text(FIX)
         with pytest.raises(ForkError, match=r"leaves out[\s\S]*0002-unlisted.patch"):
             fork.fix_series(folder)
+
+    def test_depends_on_names_earlier_fixes(self, tmp_path: Path):
+        import upstream_prs
+
+        series = [tmp_path / "0001-a.patch", tmp_path / "0002-b.patch"]
+        body = "What changed.\n\nDepends-on: 0001 (a): it changes the same lines."
+        assert upstream_prs._depends_on(body, series, series[1]) == [series[0]]
+        assert upstream_prs._depends_on("No dependency.", series, series[1]) == []
+        # only an earlier fix can be depended on
+        with pytest.raises(ForkError, match="Depends-on: 0002"):
+            upstream_prs._depends_on("Depends-on: 0002", series, series[0])
