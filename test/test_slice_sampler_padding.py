@@ -293,3 +293,38 @@ class TestPrioritizedPadding:
         torch.manual_seed(1)
         np.random.seed(1)
         assert (other.sample()["index"] == expected).all()
+
+
+class TestIntegerSpanShortTrajectories:
+    """Integer spans × strict_length=False × padding / burn-in (fix 0012).
+
+    Trajectories shorter than the slice and than the span: each padded slice's
+    real rows are consecutive steps of one trajectory, at least one of them.
+    """
+
+    @pytest.mark.parametrize("span", [1, (2, 0), (0, 2), (True, 1)])
+    @pytest.mark.parametrize("burn_in", [0, 2])
+    def test_padded_slices_stay_in_one_trajectory(self, span, burn_in):
+        torch.manual_seed(0)
+        lengths = [1, 2, 3, 10]
+        traj = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+        rb = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(16),
+            sampler=SliceSampler(
+                slice_len=4,
+                strict_length=False,
+                traj_key="traj",
+                span=span,
+                pad_output=True,
+                burn_in=burn_in,
+            ),
+            batch_size=16,
+        )
+        rb.extend(TensorDict({"traj": traj, "x": torch.arange(16)}, [16]))
+        for _ in range(30):
+            slices = rb.sample().reshape(-1, 4 + burn_in)
+            for row in slices.unbind(0):
+                real = row[row[MASK]]
+                assert real.numel() >= 1
+                assert (real["traj"] == real["traj"][0]).all()
+                assert (real["x"].diff() == 1).all()
