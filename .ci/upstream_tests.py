@@ -206,7 +206,7 @@ class Runner:
         workers: int,
         label: str,
         select: list[str] | None = None,
-        extra: list[str] = (),
+        extra: tuple[str, ...] = (),
     ) -> tuple[Result, int]:
         """One pytest call; its log goes to ``--out``, its outcomes are returned."""
         self.calls += 1

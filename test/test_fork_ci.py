@@ -213,6 +213,47 @@ class TestUpstreamTests:
         (path / "torchrl" / "__init__.py").write_text(f"VALUE = {value}\n")
         return path
 
+    def _run(
+        self,
+        tmp_path: Path,
+        suite: Path,
+        *,
+        fork_value: int,
+        targets: str,
+        known: Path | None = None,
+        fixes: Path | None = None,
+        workers: int = 0,
+        extra: tuple[str, ...] = (),
+    ) -> subprocess.CompletedProcess:
+        """The runner on ``suite``: a fork side with ``VALUE = fork_value``, pristine 1."""
+        return subprocess.run(
+            [
+                sys.executable,
+                str(self.RUNNER),
+                "--tests",
+                str(suite),
+                "--fixes",
+                str(fixes or tmp_path / "no-fixes"),
+                "--fork",
+                str(self._side(tmp_path / "fork", fork_value)),
+                "--pristine",
+                str(self._side(tmp_path / "pristine", 1)),
+                "--known",
+                str(known or tmp_path / "absent.txt"),
+                "--targets",
+                targets,
+                "-n",
+                str(workers),
+                "--timeout",
+                "0",
+                *extra,
+                "--out",
+                str(tmp_path / "out"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+
     def _fake_suite(self, tmp_path: Path) -> Path:
         suite = tmp_path / "suite"
         (suite / "test").mkdir(parents=True)
@@ -256,33 +297,14 @@ class TestUpstreamTests:
         known.write_text(
             "# pattern # reason\ntest/test_fake.py::test_both_k* # changed upstream\n"
         )
-        proc = subprocess.run(
-            [
-                sys.executable,
-                str(self.RUNNER),
-                "--tests",
-                str(suite),
-                "--fixes",
-                str(tmp_path / "no-fixes"),
-                "--fork",
-                str(self._side(tmp_path / "fork", 2)),
-                "--pristine",
-                str(self._side(tmp_path / "pristine", 1)),
-                "--known",
-                str(known),
-                "--sides",
-                sides,
-                "--targets",
-                "test",
-                "-n",
-                str(workers),
-                "--timeout",
-                "0",
-                "--out",
-                str(tmp_path / "out"),
-            ],
-            capture_output=True,
-            text=True,
+        proc = self._run(
+            tmp_path,
+            suite,
+            fork_value=2,
+            targets="test",
+            known=known,
+            workers=workers,
+            extra=("--sides", sides),
         )
         out = proc.stdout
         assert proc.returncode == 1, out + proc.stderr
@@ -319,32 +341,7 @@ class TestUpstreamTests:
     def test_no_fork_only_failure_exits_zero(self, tmp_path):
         suite = self._fake_suite(tmp_path)
         (suite / "test" / "test_broken_on_fork.py").unlink()
-        proc = subprocess.run(
-            [
-                sys.executable,
-                str(self.RUNNER),
-                "--tests",
-                str(suite),
-                "--fixes",
-                str(tmp_path / "no-fixes"),
-                "--fork",
-                str(self._side(tmp_path / "fork", 1)),
-                "--pristine",
-                str(self._side(tmp_path / "pristine", 1)),
-                "--known",
-                str(tmp_path / "absent.txt"),
-                "--targets",
-                "test/test_fake.py",
-                "-n",
-                "0",
-                "--timeout",
-                "0",
-                "--out",
-                str(tmp_path / "out"),
-            ],
-            capture_output=True,
-            text=True,
-        )
+        proc = self._run(tmp_path, suite, fork_value=1, targets="test/test_fake.py")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         last = proc.stdout.rstrip().splitlines()[-1]
         assert last.startswith("upstream-tests: OK, fork-only failures: 0;"), last
@@ -368,31 +365,12 @@ class TestUpstreamTests:
             "+    assert torchrl.VALUE == 2\n"
         )
         (fixes / "series").write_text("0001-fix.patch\n")
-        proc = subprocess.run(
-            [
-                sys.executable,
-                str(self.RUNNER),
-                "--tests",
-                str(suite),
-                "--fixes",
-                str(fixes),
-                "--fork",
-                str(self._side(tmp_path / "fork", fork_value)),
-                "--pristine",
-                str(self._side(tmp_path / "pristine", 1)),
-                "--known",
-                str(tmp_path / "absent.txt"),
-                "--targets",
-                "test/test_a.py",
-                "-n",
-                "0",
-                "--timeout",
-                "0",
-                "--out",
-                str(tmp_path / "out"),
-            ],
-            capture_output=True,
-            text=True,
+        proc = self._run(
+            tmp_path,
+            suite,
+            fork_value=fork_value,
+            targets="test/test_a.py",
+            fixes=fixes,
         )
         out = proc.stdout + proc.stderr
         report = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -422,35 +400,12 @@ class TestUpstreamTests:
             "    with mp.get_context().Pool(1) as pool:\n"
             "        assert pool.map(_square, [3]) == [9]\n"
         )
-        proc = subprocess.run(
-            [
-                sys.executable,
-                str(self.RUNNER),
-                "--tests",
-                str(suite),
-                "--fixes",
-                str(tmp_path / "no-fixes"),
-                "--fork",
-                str(self._side(tmp_path / "fork", 1)),
-                "--pristine",
-                str(self._side(tmp_path / "pristine", 1)),
-                "--known",
-                str(tmp_path / "absent.txt"),
-                "--sides",
-                "both",
-                "--targets",
-                "test",
-                "-n",
-                "0",
-                "--timeout",
-                "0",
-                "--start-method",
-                start_method,
-                "--out",
-                str(tmp_path / "out"),
-            ],
-            capture_output=True,
-            text=True,
+        proc = self._run(
+            tmp_path,
+            suite,
+            fork_value=1,
+            targets="test",
+            extra=("--sides", "both", "--start-method", start_method),
         )
         report = json.loads((tmp_path / "out" / "report.json").read_text())
         expected = "passed" if start_method == "forkserver" else "failed"
