@@ -23,6 +23,7 @@ diff touches upstream's sources (``torchrl/``) and upstream's own tests
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import email
 import email.policy
 import os
@@ -88,7 +89,14 @@ def workspace(fork: Fork, tests: Path) -> Path:
     git("commit", "-q", "--no-gpg-sign", "-m", "pristine", cwd=dest)
     git("tag", "pristine", cwd=dest)
     for path in fix_series(fork.root / FIXES):
-        git("am", "-q", "--keep-cr", cwd=dest, input=path.read_bytes())
+        git(
+            "am",
+            "-q",
+            "--keep-cr",
+            "--keep-non-patch",
+            cwd=dest,
+            input=path.read_bytes(),
+        )
     return dest
 
 
@@ -207,7 +215,12 @@ def check_fix(
     with tempfile.TemporaryDirectory() as tmp:
         tree = _lay(Path(tmp) / "tree", tests, fork, binaries=True)
         for dep in deps:
-            git("apply", cwd=tree, input=dep.read_bytes())
+            proc = git("apply", cwd=tree, check=False, input=dep.read_bytes())
+            if proc.returncode != 0:
+                return problems + [
+                    f"{dep.name}, which it depends on, does not apply to pristine: "
+                    f"{proc.stderr.decode()}"
+                ]
         proc = git("apply", "--check", cwd=tree, check=False, input=patch)
         if proc.returncode != 0:
             return problems + [f"does not apply to pristine: {proc.stderr.decode()}"]
@@ -275,7 +288,7 @@ def _style(tree: Path, files: list[str], python: str) -> dict[str, list[str]]:
     return out
 
 
-def check(fork: Fork, tests: Path, python: str, out: Path) -> int:
+def check(fork: Fork, tests: Path, python: str, out: Path, jobs: int = 1) -> int:
     series = fix_series(fork.root / FIXES)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -290,13 +303,21 @@ def check(fork: Fork, tests: Path, python: str, out: Path) -> int:
         subject, body = _message(path)
         shutil.copyfile(path, out / path.name)
         (out / path.with_suffix(".md").name).write_text(f"# {subject}\n\n{body}\n")
-        problems = check_fix(path, fork, tests, python, series)
-        size = _source_lines(path.read_bytes())
-        status = "FAILED" if problems else "ok"
-        print(
-            f"upstream-prs: {status:6} {path.name} ({size} source lines){bullets(problems)}"
+    # Each fix is checked in a tree of its own: ``jobs`` of them at a time (most
+    # of a check is two pytest processes importing torch and a test file).
+    with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+        results = pool.map(
+            lambda path: check_fix(path, fork, tests, python, series), series
         )
-        failed += bool(problems)
+        for path, problems in zip(series, results):
+            size = _source_lines(path.read_bytes())
+            status = "FAILED" if problems else "ok"
+            print(
+                f"upstream-prs: {status:6} {path.name} ({size} source lines)"
+                f"{bullets(problems)}",
+                flush=True,
+            )
+            failed += bool(problems)
     print(
         f"upstream-prs: {len(series) - failed} of {len(series)} fixes pass their "
         f"checks; patches and PR texts in {out}"
@@ -315,6 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "dist" / "upstream-prs", help="output folder"
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="fixes checked at a time (default: the number of CPUs)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("workspace", help="lay build/fixes, one commit per fix")
     sub.add_parser("export", help="write build/fixes back as the series")
@@ -329,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "export":
             print("\n".join(export(fork)) or "upstream-prs: no fixes")
         else:
-            return check(fork, args.tests, args.python, args.out)
+            return check(fork, args.tests, args.python, args.out, args.jobs)
     except ForkError as err:
         print(f"upstream-prs {args.command}: {err}", file=sys.stderr)
         return 1
