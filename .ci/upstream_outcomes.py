@@ -16,6 +16,9 @@ Loaded with ``-p upstream_outcomes`` (its folder is put on ``PYTHONPATH``).
 - ``UPSTREAM_DESELECT=FILE``: the items whose node id is listed in FILE are
   deselected (the tests the test-impact map shows cannot see the fork's
   change); every other item runs.
+- ``UPSTREAM_ONLY=FILE``: ``PATH::FUNCTION`` lines; of the files named there,
+  only the tests of those functions (any parametrization, in a class or not)
+  are kept; other files are not restricted.
 - ``UPSTREAM_FORKSERVER=MOD,MOD``: the default multiprocessing start method
   becomes ``forkserver`` with these modules preloaded in the server, set
   before any test module imports torchrl (which keeps a start method that is
@@ -107,11 +110,23 @@ class _Recorder:
 
     def pytest_collection_modifyitems(self, config, items):
         keep, drop = list(items), []
+        path = os.environ.get("UPSTREAM_ONLY")
+        if path:
+            only = {tuple(line.split("::")) for line in _read_ids(path)}
+            files = {f for f, _ in only}
+            keep = []
+            for item in items:
+                parts = item.nodeid.split("::")
+                name = parts[-1].split("[")[0]
+                restricted = parts[0] in files
+                (keep if not restricted or (parts[0], name) in only else drop).append(
+                    item
+                )
         path = os.environ.get("UPSTREAM_SELECT")
         if path:
             wanted = _read_ids(path)
-            keep = []
-            for item in items:
+            candidates, keep = keep, []
+            for item in candidates:
                 parts = item.nodeid.split("::")
                 parents = {"::".join(parts[:i]) for i in range(1, len(parts) + 1)}
                 (keep if parents & wanted else drop).append(item)

@@ -159,7 +159,13 @@ class Runner:
         self.deselect: Path | None = None
         self.fix_tests: set[tuple[str, str]] = set()
 
-    def _env(self, side_path: Path, select: Path | None, outcomes: Path) -> dict:
+    def _env(
+        self,
+        side_path: Path,
+        select: Path | None,
+        outcomes: Path,
+        only: Path | None = None,
+    ) -> dict:
         env = dict(os.environ)
         plugin_dir = self.work / "_plugin"
         env["PYTHONPATH"] = os.pathsep.join([str(side_path), str(plugin_dir)])
@@ -169,6 +175,9 @@ class Runner:
         env["UPSTREAM_OUTCOMES"] = str(outcomes)
         env.pop("UPSTREAM_SELECT", None)
         env.pop("UPSTREAM_DESELECT", None)
+        env.pop("UPSTREAM_ONLY", None)
+        if only is not None:
+            env["UPSTREAM_ONLY"] = str(only)
         if select is not None:
             env["UPSTREAM_SELECT"] = str(select)
         elif self.deselect is not None:
@@ -209,6 +218,7 @@ class Runner:
         workers: int,
         label: str,
         select: list[str] | None = None,
+        only: Path | None = None,
         extra: tuple[str, ...] = (),
     ) -> tuple[Result, int]:
         """One pytest call; its log goes to ``--out``, its outcomes are returned."""
@@ -250,7 +260,7 @@ class Runner:
             proc = subprocess.run(
                 cmd,
                 cwd=self.work,
-                env=self._env(side_path, select_file, outcomes),
+                env=self._env(side_path, select_file, outcomes, only),
                 stdout=f,
                 stderr=subprocess.STDOUT,
             )
@@ -262,15 +272,32 @@ class Runner:
     def run_targets(self, side: str, side_path: Path) -> tuple[Result, list[str]]:
         # One pytest call for all targets: the workers start and collect once,
         # and no worker idles at the end of one target while the other
-        # finishes it. The summary splits the outcomes by target.
+        # finishes it. The fixes' regression tests in files that no target
+        # runs join the same call (only those tests of such a file run). The
+        # summary splits the outcomes by target.
         total, broken = Result(), []
         label = "targets"
+        outside = sorted(
+            {f for f, _ in self.fix_tests if not _in_targets(f, self.args.targets)}
+        )
+        if self.args.record_map:
+            outside = []
+        only = None
+        if outside:
+            only = self.out / f"{self.calls + 1:02d}-{side}-{label}.only"
+            only.write_text(
+                "".join(
+                    f"{f}::{n}\n" for f, n in sorted(self.fix_tests) if f in outside
+                )
+            )
         res, rc = self.pytest(
             side,
             side_path,
-            list(self.args.targets),
+            # first: the Ray test of a fix is long, and would otherwise end the run
+            [*outside, *self.args.targets],
             workers=self.args.workers,
             label=label,
+            only=only,
         )
         # 0 all passed, 1 some failed, 5 nothing collected: anything else
         # (interrupted, internal error, usage error) with no failure
@@ -282,33 +309,13 @@ class Runner:
         total.update(res)
         self.timings.append((side, label, res))
         print(f"  {side:8} {label:34} {_fmt_counts(res)}", flush=True)
-        for target in self.args.targets:
+        for target in [*self.args.targets, *outside]:
             part = _part(res, target)
             self.parts.append((side, target, part))
             print(
                 f"  {'':8}   {target:32} {_fmt_counts(part, unit='test-s')}",
                 flush=True,
             )
-        outside = sorted(
-            {f for f, _ in self.fix_tests if not _in_targets(f, self.args.targets)}
-        )
-        if outside and not self.args.record_map:
-            # the fixes' regression tests in files that no target runs
-            names = sorted({n for f, n in self.fix_tests if f in outside})
-            label = "fixes' tests elsewhere"
-            res, rc = self.pytest(
-                side,
-                side_path,
-                outside,
-                workers=0,
-                label=label,
-                extra=["-k", " or ".join(names)],
-            )
-            if rc not in (0, 1) or (rc == 1 and not res.failing()):
-                broken.append(f"{side} {label}: pytest exited {rc}")
-            total.update(res)
-            self.timings.append((side, label, res))
-            print(f"  {side:8} {label:34} {_fmt_counts(res)}", flush=True)
         return total, broken
 
     def rerun(

@@ -434,8 +434,14 @@ class TestUpstreamTests:
         )
         out = proc.stdout + proc.stderr
         report = json.loads((tmp_path / "out" / "report.json").read_text())
-        # only the fix's test of test_b.py runs, not test_b itself
+        # only the fix's test of test_b.py runs, not test_b itself, and in the
+        # same pytest call as the targets
         assert "test/test_b.py::test_b" not in report["fork"], out
+        logs = sorted(p.name for p in (tmp_path / "out").glob("[0-9][0-9]-fork-*.log"))
+        assert logs[0] == "01-fork-targets.log", logs
+        assert not any("elsewhere" in name for name in logs), logs
+        first = (tmp_path / "out" / "01-fork-targets.jsonl").read_text()
+        assert "test/test_b.py::test_fixed" in first, out
         if fork_value == 2:
             assert report["fork"]["test/test_b.py::test_fixed"] == "passed", out
             assert proc.returncode == 0, out
