@@ -145,10 +145,25 @@ def test_help_explains_every_flag():
 
 @pytest.mark.learning
 def test_learns_cartpole_without_velocities(tmp_path):
-    """Defaults, seed 0: the deterministic evaluation reaches 475 within 100k frames."""
-    proc = _run("--seed", "0", "--no-progress", "--out", str(tmp_path), timeout=1800)
+    """Defaults, seed 0: the deterministic evaluation reaches 475 within 100k frames.
+
+    ``--stop-return 475`` ends the run at the first evaluation that gets there,
+    so the curve's last row, and only it, is at or above 475.
+    """
+    proc = _run(
+        "--seed",
+        "0",
+        "--no-progress",
+        "--stop-return",
+        "475",
+        "--out",
+        str(tmp_path),
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     curve = _curve(tmp_path)
     assert curve[-1]["frames"] <= 100_000
-    best = max(r["eval_return"] for r in curve)
-    assert best >= 475, proc.stdout
+    assert curve[-1]["eval_return"] >= 475, proc.stdout
+    assert all(r["eval_return"] < 475 for r in curve[:-1]), proc.stdout
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"eval return {curve[-1]['eval_return']:.1f} after ")

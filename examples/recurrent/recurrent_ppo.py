@@ -40,7 +40,9 @@ The script prints a progress bar, one line per evaluation (``--eval-episodes``
 deterministic episodes), writes ``learning_curve.csv`` and
 ``learning_curve.png`` to ``--out`` and ends with
 ``eval return R after F frames in W s``; TorchRL's INFO log lines are left
-out (``RL_LOGGING_LEVEL=INFO`` shows them). ``--help`` lists every flag.
+out (``RL_LOGGING_LEVEL=INFO`` shows them). ``--stop-return R`` ends the run
+at the first evaluation that returns at least ``R``. ``--help`` lists every
+flag.
 """
 from __future__ import annotations
 
@@ -306,6 +308,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="deterministic episodes per evaluation",
     )
     run.add_argument(
+        "--stop-return",
+        type=float,
+        default=None,
+        metavar="R",
+        help="stop early once an evaluation returns at least R "
+        "(default: train for all of --frames)",
+    )
+    run.add_argument(
         "--out",
         type=Path,
         default=Path("runs/recurrent_ppo"),
@@ -501,6 +511,11 @@ def make_agent(
         ),
     )
     return actor, critic
+
+
+def reached(stop_return: float | None, value: float) -> bool:
+    """Whether an evaluation ``value`` meets ``--stop-return`` (never when it is unset)."""
+    return stop_return is not None and value >= stop_return
 
 
 def evaluate(env, policy, episodes: int, max_steps: int) -> float:
@@ -727,6 +742,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             if log.frames >= next_eval or log.frames >= total_frames:
                 log.evaluate(env, eval_env, actor)
                 next_eval += args.eval_every
+                if reached(args.stop_return, log.rows[-1]["eval_return"]):
+                    break
     finally:
         collector.shutdown()
         eval_env.close()  # ParallelEnv workers would keep the process alive
