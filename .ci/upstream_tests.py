@@ -596,6 +596,16 @@ class Runner:
             )
             for n in unexplained:
                 print(f"  {n}  -- {fork_res.messages.get(n, '')}")
+        # A test file that does not collect runs none of its tests, on either
+        # side: nothing in it is compared (a fix's test hunk can cause it).
+        uncollected = [n for n in unexplained if "::" not in n]
+        if uncollected:
+            print(
+                f"\nTEST FILES THAT DO NOT COLLECT (none of their tests ran): "
+                f"{len(uncollected)}"
+            )
+            for n in uncollected:
+                print(f"  {n}")
         if args.sides == "both":
             fixed = sorted(
                 n
@@ -640,7 +650,7 @@ class Runner:
         c = fork_res.counts()
         if broken:
             status, rc = "BROKEN RUN (see above)", 2
-        elif fork_only:
+        elif fork_only or uncollected:
             status, rc = "FAIL", 1
         else:
             status, rc = "OK", 0

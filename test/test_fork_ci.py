@@ -346,6 +346,22 @@ class TestUpstreamTests:
         last = proc.stdout.rstrip().splitlines()[-1]
         assert last.startswith("upstream-tests: OK, fork-only failures: 0;"), last
 
+    def test_a_file_that_does_not_collect_fails_the_run(self, tmp_path):
+        # broken on both sides (as a fix's test hunk under another test's
+        # decorators breaks it): none of its tests run, so the run fails
+        suite = self._fake_suite(tmp_path)
+        (suite / "test" / "test_broken_on_fork.py").write_text(
+            "import pytest\n\n@pytest.mark.parametrize('x', [0])\n"
+            "def test_a():\n    pass\n"
+        )
+        proc = self._run(tmp_path, suite, fork_value=1, targets="test")
+        out = proc.stdout
+        assert proc.returncode == 1, out + proc.stderr
+        assert "DO NOT COLLECT (none of their tests ran): 1\n" in out, out
+        assert "\n  test/test_broken_on_fork.py\n" in out, out
+        last = out.rstrip().splitlines()[-1]
+        assert last.startswith("upstream-tests: FAIL, fork-only failures: 0;"), last
+
     def test_known_failure_gets_more_confirmation_runs(self, tmp_path):
         # listed as failing on pristine too; there it passes three runs, then
         # fails: more runs than --confirm show it, and it is no fork-only failure
@@ -676,3 +692,42 @@ class TestUpstreamTestMap:
             pytest.skip("build/upstream is not laid out (make build/fork)")
         proc = self._run(self.MAP, "check", "--pristine", pristine, "--fork", fork)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+class TestUpstreamPrs:
+    """How ``make upstream-prs`` judges the outcomes of a fix's new tests."""
+
+    @pytest.fixture(scope="class")
+    def judge(self):
+        spec = importlib.util.spec_from_file_location(
+            "upstream_prs", ROOT / "tools" / "upstream_prs.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(ROOT / "tools"))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(ROOT / "tools"))
+        return module._judge
+
+    def test_fails_on_pristine_passes_with_the_fix(self, judge):
+        node = "test.test_rb::test_new"
+        assert judge({"test_new"}, {node: "failed"}, {node: "passed"}) == []
+
+    def test_a_file_that_no_longer_collects(self, judge):
+        # what junit writes when a test hunk lands under another test's
+        # decorators: one error for the module, none of its tests
+        problems = judge({"test_new"}, {}, {"::test.test_rb": "failed"})
+        assert problems == [
+            "test_new: did not run with the fix (collection error?)",
+            "::test.test_rb: fails with the fix (collection error?)",
+        ]
+
+    def test_passes_on_pristine_or_fails_with_the_fix(self, judge):
+        node = "test.test_rb::test_new[0]"
+        assert judge({"test_new"}, {node: "passed"}, {node: "passed"}) == [
+            f"{node}: passes on pristine too: it tests nothing new"
+        ]
+        assert judge({"test_new"}, {}, {node: "skipped"}) == [
+            f"{node}: skipped with the fix"
+        ]

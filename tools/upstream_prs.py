@@ -239,18 +239,36 @@ def check_fix(
         if not after:
             return problems + ["its tests did not run (collection error?)"]
         names = {n.split("::")[-1] for n in names}
-        for node, outcome in sorted(after.items()):
-            if node.split("::")[-1].split("[")[0] not in names:
-                continue
-            if outcome != "passed":
-                problems.append(f"{node}: {outcome} with the fix")
-            elif before.get(node) == "passed":
-                problems.append(f"{node}: passes on pristine too: it tests nothing new")
+        problems += _judge(names, before, after)
         new_style = _style(tree, touched, python)
         for tool, lines in new_style.items():
             added = [line for line in lines if line not in old_style[tool]]
             if added:
                 problems.append(f"{tool}: {bullets(added)}")
+    return problems
+
+
+def _judge(names: set[str], before: dict, after: dict) -> list[str]:
+    """What is wrong with the outcomes of a fix's new tests ``names``.
+
+    ``before`` and ``after`` map node ids to outcomes on pristine and with the
+    fix. Each new test must run and pass with the fix and fail on pristine;
+    any other node failing with the fix is a file that no longer collects.
+    """
+    problems = []
+    ran = {node.split("::")[-1].split("[")[0] for node in after}
+    for name in sorted(names - ran):
+        # e.g. a test inserted under another test's decorators: the file no
+        # longer collects, and none of its tests run
+        problems.append(f"{name}: did not run with the fix (collection error?)")
+    for node, outcome in sorted(after.items()):
+        if node.split("::")[-1].split("[")[0] not in names:
+            if outcome == "failed":
+                problems.append(f"{node}: fails with the fix (collection error?)")
+        elif outcome != "passed":
+            problems.append(f"{node}: {outcome} with the fix")
+        elif before.get(node) == "passed":
+            problems.append(f"{node}: passes on pristine too: it tests nothing new")
     return problems
 
 
