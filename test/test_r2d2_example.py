@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recurrent" / "r2d2.py"
-LAST_LINE = re.compile(r"^eval return (-?\d+\.\d) after (\d+) frames in (\d+) s$")
+LAST_LINE = re.compile(r"^eval return (-?\d+\.\d\d) after (\d+) frames in (\d+) s$")
 SHORT = [
     "--frames",
     "3072",
@@ -63,11 +63,11 @@ def test_short_run_outputs(tmp_path):
     assert "frame/s" in proc.stderr
     assert re.search(r"fps=\d+", proc.stderr)
     assert re.search(r"return=\d+\.\d", proc.stderr)
-    evals = re.findall(r"eval: return (\d+\.\d) after (\d+) frames", proc.stdout)
+    evals = re.findall(r"eval: return (-?\d+\.\d\d) after (\d+) frames", proc.stdout)
     assert [int(f) for _, f in evals] == [0, 1536, 3072]
     curve = _curve(tmp_path)
     assert [r["frames"] for r in curve] == [0, 1536, 3072]
-    assert [f"{r['eval_return']:.1f}" for r in curve] == [r for r, _ in evals]
+    assert [f"{r['eval_return']:.2f}" for r in curve] == [r for r, _ in evals]
     assert all(r["eval_return"] >= 1 for r in curve)
     png = (tmp_path / "learning_curve.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
@@ -91,7 +91,8 @@ def test_run_prints_only_its_own_lines(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr == ""
     lines = proc.stdout.splitlines()
-    assert [re.sub(r"\d+(\.\d)?", "N", line) for line in lines] == [
+    assert [re.sub(r"\d+(\.\d+)?", "N", line) for line in lines] == [
+        "inputs: observation entries N,N, normalized",
         "eval: return N after N frames (N s)",
         "eval: return N after N frames (N s)",
         "eval return N after N frames in N s",

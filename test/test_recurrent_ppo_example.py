@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recurrent" / "recurrent_ppo.py"
-LAST_LINE = re.compile(r"^eval return (-?\d+\.\d) after (\d+) frames in (\d+) s$")
+LAST_LINE = re.compile(r"^eval return (-?\d+\.\d\d) after (\d+) frames in (\d+) s$")
 SHORT = ["--frames", "1024", "--eval-every", "512", "--eval-episodes", "2"]
 
 
@@ -53,11 +53,11 @@ def test_short_run_outputs(tmp_path):
     assert "frame/s" in proc.stderr
     assert re.search(r"fps=\d+", proc.stderr)
     assert re.search(r"return=\d+\.\d", proc.stderr)
-    evals = re.findall(r"eval: return (\d+\.\d) after (\d+) frames", proc.stdout)
+    evals = re.findall(r"eval: return (-?\d+\.\d\d) after (\d+) frames", proc.stdout)
     assert [int(f) for _, f in evals] == [0, 512, 1024]
     curve = _curve(tmp_path)
     assert [r["frames"] for r in curve] == [0, 512, 1024]
-    assert [f"{r['eval_return']:.1f}" for r in curve] == [r for r, _ in evals]
+    assert [f"{r['eval_return']:.2f}" for r in curve] == [r for r, _ in evals]
     assert all(r["eval_return"] >= 1 for r in curve)  # every episode lasts a step
     assert all(a["wall_s"] <= b["wall_s"] for a, b in zip(curve, curve[1:]))
     png = (tmp_path / "learning_curve.png").read_bytes()
@@ -83,7 +83,8 @@ def test_run_prints_only_its_own_lines(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr == ""
     lines = proc.stdout.splitlines()
-    assert [re.sub(r"\d+(\.\d)?", "N", line) for line in lines] == [
+    assert [re.sub(r"\d+(\.\d+)?", "N", line) for line in lines] == [
+        "inputs: observation entries N,N, normalized",
         "eval: return N after N frames (N s)",
         "eval: return N after N frames (N s)",
         "eval return N after N frames in N s",
@@ -166,4 +167,4 @@ def test_learns_cartpole_without_velocities(tmp_path):
     assert curve[-1]["eval_return"] >= 475, proc.stdout
     assert all(r["eval_return"] < 475 for r in curve[:-1]), proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith(f"eval return {curve[-1]['eval_return']:.1f} after ")
+    assert last.startswith(f"eval return {curve[-1]['eval_return']:.2f} after ")

@@ -50,6 +50,7 @@ from recurrent_ppo import (
     _positive_int,
     _unit_float,
     _vecnorm,
+    inputs_used,
     make_env,
     quiet_info_logs,
     RunLog,
@@ -124,16 +125,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env.add_argument(
         "--env",
         default="CartPole-v1",
-        help="gymnasium id of an env with a 1-d Box observation and a Discrete "
-        "action space",
+        help="gymnasium id (POPGym's as popgym:popgym-<Task>-v0) with a 1-d "
+        "Box, Discrete, MultiDiscrete or Tuple-of-Discrete observation (the "
+        "discrete ones one-hot encoded) and a Discrete action space",
     )
     env.add_argument(
         "--obs-keep",
         type=_obs_keep,
-        default=(0, 2),
-        metavar="I,J|all",
-        help="observation entries the agent sees ('all' for every entry); the "
-        "default keeps CartPole's cart position and pole angle",
+        default="auto",
+        metavar="I,J|all|auto",
+        help="entries of a Box observation the agent sees ('all' for every "
+        "entry); 'auto' keeps CartPole-v1's cart position and pole angle, and "
+        "every entry of another env",
+    )
+    env.add_argument(
+        "--max-episode-steps",
+        type=lambda v: _positive_int("--max-episode-steps", v),
+        default=None,
+        help="step limit of an evaluation episode (default: the env's "
+        "registered limit, else its own max_episode_length, as POPGym's envs)",
+    )
+    env.add_argument(
+        "--prev-action",
+        action="store_true",
+        help="append the previous action (one-hot) and a first-step flag to "
+        "the observation, as POPGym's baselines feed every model",
     )
     env.add_argument(
         "--num-envs",
@@ -158,7 +174,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-obs-norm",
         dest="obs_norm",
         action="store_false",
-        help="do not normalize the observation (by default VecNormV2 normalizes it)",
+        default=None,
+        help="do not normalize the observation (by default VecNormV2 normalizes "
+        "a Box observation; a one-hot one is left as it is)",
     )
     env.add_argument(
         "--obs-norm-frames",
@@ -445,11 +463,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         priority_key="td_error",
     )
 
-    seen = "all" if args.obs_keep is None else ",".join(map(str, args.obs_keep))
     kind = args.rnn if args.policy == "rnn" else "mlp"
     title = (
-        f"{args.env} (observation entries {seen}): {kind} R2D2, "
-        f"burn-in {args.burn_in}, seed {args.seed}"
+        f"{args.env}: {kind} R2D2, burn-in {args.burn_in}, seed {args.seed}\n"
+        f"{inputs_used(args)}"
     )
 
     log = RunLog(args, total_frames, start)

@@ -55,6 +55,7 @@ from collections import deque
 from functools import partial
 from pathlib import Path
 
+import gymnasium as gym
 import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
@@ -62,8 +63,12 @@ from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import (
     LazyTensorStorage,
+    MultiCategorical,
+    MultiOneHot,
+    OneHot,
     SliceSamplerWithoutReplacement,
     TensorDictReplayBuffer,
+    Unbounded,
 )
 from torchrl.envs import (
     Compose,
@@ -76,6 +81,7 @@ from torchrl.envs import (
     RewardSum,
     SerialEnv,
     set_exploration_type,
+    Transform,
     TransformedEnv,
     UnaryTransform,
     VecNormV2,
@@ -119,9 +125,9 @@ def _unit_float(name: str, value: str, *, low_open: bool = False) -> float:
     return number
 
 
-def _obs_keep(value: str) -> tuple[int, ...] | None:
-    if value == "all":
-        return None
+def _obs_keep(value: str) -> tuple[int, ...] | str | None:
+    if value in ("all", "auto"):
+        return None if value == "all" else value
     try:
         entries = tuple(int(v) for v in value.split(","))
     except ValueError:
@@ -146,15 +152,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env.add_argument(
         "--env",
         default="CartPole-v1",
-        help="gymnasium id; needs a 1-d Box observation and a Discrete action",
+        help="gymnasium id (POPGym's as popgym:popgym-<Task>-v0): a 1-d Box, "
+        "Discrete, MultiDiscrete or Tuple-of-Discrete observation (the discrete "
+        "ones one-hot encoded) and a Discrete action",
     )
     env.add_argument(
         "--obs-keep",
         type=_obs_keep,
-        default=(0, 2),
-        metavar="I,J,...|all",
-        help="observation entries the agent sees ('0,2': CartPole's cart "
-        "position and pole angle, no velocities); 'all' keeps every entry",
+        default="auto",
+        metavar="I,J,...|all|auto",
+        help="entries of a Box observation the agent sees ('0,2': CartPole's "
+        "cart position and pole angle, no velocities); 'all' keeps every "
+        "entry; 'auto' is '0,2' on CartPole-v1 and 'all' otherwise",
+    )
+    env.add_argument(
+        "--max-episode-steps",
+        type=partial(_positive_int, "--max-episode-steps"),
+        default=None,
+        help="step limit of an evaluation episode (default: the env's "
+        "registered limit, else its own max_episode_length, which POPGym's "
+        "envs have)",
     )
     env.add_argument(
         "--num-envs",
@@ -163,11 +180,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="envs stepped together (a SerialEnv)",
     )
     env.add_argument(
+        "--prev-action",
+        action="store_true",
+        help="append the previous action (one-hot) and a first-step flag to "
+        "the observation, as POPGym's baselines feed every model",
+    )
+    env.add_argument(
         "--obs-norm",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,
         help="normalize the observation with running statistics (VecNormV2); "
-        "the evaluation env uses a frozen copy of them",
+        "the evaluation env uses a frozen copy of them (default: on for a Box "
+        "observation, off for a one-hot one)",
     )
     env.add_argument(
         "--obs-norm-frames",
@@ -344,37 +368,207 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _check_env(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """``--env`` and ``--obs-keep`` against the env's spaces; sets ``args.max_episode_steps``."""
-    import gymnasium as gym
+    """``--env`` and its flags against the env's spaces; resolves the ``auto`` defaults.
 
+    Sets ``args.max_episode_steps``, ``args.obs_nvec`` (the category counts of a
+    discrete observation, ``None`` for a Box) and ``args.obs_tuple`` (whether
+    it is a ``Tuple`` of ``Discrete`` spaces), and resolves ``--obs-keep auto``
+    and an unset ``--obs-norm``.
+    """
     try:
         env = gym.make(args.env)
     except gym.error.Error as err:
         parser.error(f"--env {args.env}: gymnasium cannot make it ({err})")
     obs_space, action_space = env.observation_space, env.action_space
-    args.max_episode_steps = env.spec.max_episode_steps if env.spec else None
+    registered = env.spec.max_episode_steps if env.spec else None
+    own = getattr(env.unwrapped, "max_episode_length", None)
     env.close()
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+    if getattr(args, "max_episode_steps", None) is None:
+        args.max_episode_steps = registered or own
+    if args.max_episode_steps is None:
         parser.error(
-            f"--env {args.env}: the recipe needs a 1-d Box observation space, "
-            f"got {obs_space}"
+            f"--env {args.env} has no episode step limit (none registered, no "
+            "max_episode_length): the evaluation needs one, pass "
+            "--max-episode-steps"
         )
     if not isinstance(action_space, gym.spaces.Discrete):
         parser.error(
             f"--env {args.env}: the recipe needs a Discrete action space, got "
             f"{action_space}"
         )
-    if args.max_episode_steps is None:
+    args.obs_nvec, args.obs_tuple = _discrete_nvec(obs_space), False
+    if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1:
+        pass
+    elif isinstance(obs_space, gym.spaces.Tuple) and args.obs_nvec is not None:
+        args.obs_tuple = True
+    elif args.obs_nvec is None:
         parser.error(
-            f"--env {args.env} has no episode step limit: the evaluation needs "
-            "one. Register it with max_episode_steps."
+            f"--env {args.env}: the recipe needs a 1-d Box, Discrete, "
+            f"MultiDiscrete or Tuple-of-Discrete observation space, got {obs_space}"
+        )
+    if args.obs_keep == "auto":
+        args.obs_keep = (0, 2) if args.env == "CartPole-v1" else None
+    if args.obs_norm is None:
+        args.obs_norm = args.obs_nvec is None
+    if args.obs_keep is None:
+        return
+    if args.obs_nvec is not None:
+        parser.error(
+            f"--obs-keep {','.join(map(str, args.obs_keep))}: the observation of "
+            f"{args.env} is discrete ({obs_space}); --obs-keep selects entries "
+            "of a Box observation: pass --obs-keep all"
         )
     obs_dim = obs_space.shape[0]
-    if args.obs_keep is not None and max(args.obs_keep) >= obs_dim:
+    if max(args.obs_keep) >= obs_dim:
         parser.error(
             f"--obs-keep {','.join(map(str, args.obs_keep))}: the observation of "
             f"{args.env} has {obs_dim} entries (0 to {obs_dim - 1})"
         )
+
+
+def _discrete_nvec(space) -> tuple[int, ...] | None:
+    """The category counts of a discrete observation space (``None`` for another one)."""
+    if isinstance(space, gym.spaces.Discrete) and space.start == 0:
+        return (int(space.n),)
+    if (
+        isinstance(space, gym.spaces.MultiDiscrete)
+        and space.nvec.ndim == 1
+        and not space.start.any()
+    ):
+        return tuple(int(n) for n in space.nvec)
+    if isinstance(space, gym.spaces.Tuple):
+        parts = [_discrete_nvec(part) for part in space.spaces]
+        if parts and all(p is not None and len(p) == 1 for p in parts):
+            return tuple(p[0] for p in parts)
+    return None
+
+
+class TupleAsMultiDiscrete(gym.ObservationWrapper):
+    """Shows a ``Tuple`` of ``Discrete`` observation as a ``MultiDiscrete`` one.
+
+    TorchRL's gym wrappers cannot encode a ``Tuple`` observation (POPGym's
+    ``Autoencode`` has one); the same categories as one ``MultiDiscrete``
+    array are one-hot encoded like any other.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        nvec = _discrete_nvec(env.observation_space)
+        self.observation_space = gym.spaces.MultiDiscrete(nvec)
+
+    def observation(self, observation):
+        import numpy as np
+
+        return np.asarray(observation, dtype=self.observation_space.dtype)
+
+
+def _one_hot_entries(
+    observation: torch.Tensor, feature_dims: int, categories: MultiCategorical | None
+) -> torch.Tensor:
+    if categories is not None:
+        observation = categories.to_one_hot(observation)
+    elif feature_dims > 1:
+        observation = observation.flatten(-feature_dims)
+    return observation.float()
+
+
+def _one_hot(env: EnvBase, nvec: tuple[int, ...]) -> UnaryTransform:
+    """A transform that shows ``env``'s discrete observation one-hot, as floats.
+
+    TorchRL's gym wrappers give a discrete observation either one-hot already
+    (:class:`~torchrl.data.OneHot`, ``[k, n]`` for ``k`` equal counts,
+    :class:`~torchrl.data.MultiOneHot`), flattened here, or as category
+    indices (a vector env's ``MultiDiscrete``), encoded with
+    :meth:`~torchrl.data.MultiCategorical.to_one_hot`.
+    """
+    spec = env.observation_spec["observation"]
+    feature_dims = spec.ndim - len(env.batch_size)
+    categories = None
+    if not isinstance(spec, (OneHot, MultiOneHot)):
+        categories = MultiCategorical(shape=(len(nvec),), nvec=list(nvec))
+    return UnaryTransform(
+        in_keys=["observation"],
+        out_keys=["observation"],
+        fn=partial(_one_hot_entries, feature_dims=feature_dims, categories=categories),
+    )
+
+
+class PreviousAction(Transform):
+    """Appends the previous action (one-hot) and a first-step flag to ``"observation"``.
+
+    POPGym's baselines feed every model the previous action and whether the
+    step is an episode's first: after a reset the action part is zeros and
+    the flag 1, after a step the action part is the one-hot action just taken
+    and the flag 0. Put it after any normalization of the observation, so
+    that those entries stay as they are.
+
+    Args:
+        num_actions: the number of actions (the width of the one-hot action).
+    """
+
+    def __init__(self, num_actions: int):
+        super().__init__(in_keys=["observation"], out_keys=["observation"])
+        self.num_actions = num_actions
+
+    def _extended(
+        self, observation: torch.Tensor, action: torch.Tensor | None
+    ) -> torch.Tensor:
+        first = torch.zeros_like(observation[..., :1]) + float(action is None)
+        if action is None:
+            action = first.new_zeros((*first.shape[:-1], self.num_actions))
+        return torch.cat([observation, action.to(observation.dtype), first], -1)
+
+    def _step(self, tensordict, next_tensordict):
+        next_tensordict.set(
+            "observation",
+            self._extended(next_tensordict["observation"], tensordict["action"]),
+        )
+        return next_tensordict
+
+    def _reset(self, tensordict, tensordict_reset):
+        # every row is marked first: the env keeps the reset rows only
+        tensordict_reset.set(
+            "observation", self._extended(tensordict_reset["observation"], None)
+        )
+        return tensordict_reset
+
+    def transform_observation_spec(self, observation_spec):
+        spec = observation_spec["observation"]
+        observation_spec["observation"] = Unbounded(
+            shape=(*spec.shape[:-1], spec.shape[-1] + self.num_actions + 1),
+            dtype=torch.float32,
+            device=spec.device,
+        )
+        return observation_spec
+
+
+def inputs_used(args: argparse.Namespace) -> str:
+    """What the agent sees, in words (printed at the start of a run)."""
+    if args.obs_nvec is not None:
+        seen = f"observation one-hot ({'+'.join(map(str, args.obs_nvec))} categories)"
+    elif args.obs_keep is None:
+        seen = "observation (all entries)"
+    else:
+        seen = f"observation entries {','.join(map(str, args.obs_keep))}"
+    if args.obs_norm:
+        seen += ", normalized"
+    if args.prev_action:
+        seen += ", previous action (one-hot), first-step flag"
+    return seen
+
+
+def _gym_env(env_id: str, tuple_obs: bool) -> EnvBase:
+    if not tuple_obs:
+        return GymEnv(env_id)
+    return GymWrapper(TupleAsMultiDiscrete(gym.make(env_id)))
+
+
+def _observation_transforms(
+    env: EnvBase, obs_keep: tuple[int, ...] | None, nvec: tuple[int, ...] | None
+) -> list[UnaryTransform]:
+    if nvec is not None:
+        return [_one_hot(env, nvec)]
+    return [] if obs_keep is None else [_keep(obs_keep)]
 
 
 def _keep_entries(observation: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -389,35 +583,47 @@ def _keep(obs_keep: tuple[int, ...]) -> UnaryTransform:
     )
 
 
-def _make_one_env(env_id: str, obs_keep: tuple[int, ...] | None):
-    env = GymEnv(env_id)
-    return env if obs_keep is None else TransformedEnv(env, _keep(obs_keep))
+def _make_one_env(
+    env_id: str,
+    obs_keep: tuple[int, ...] | None,
+    nvec: tuple[int, ...] | None = None,
+    tuple_obs: bool = False,
+):
+    env = _gym_env(env_id, tuple_obs)
+    transforms = _observation_transforms(env, obs_keep, nvec)
+    return TransformedEnv(env, Compose(*transforms)) if transforms else env
 
 
 def _make_batch(
-    kind: str, env_id: str, num_envs: int, obs_keep
+    kind: str,
+    env_id: str,
+    num_envs: int,
+    obs_keep,
+    nvec: tuple[int, ...] | None = None,
+    tuple_obs: bool = False,
 ) -> tuple[EnvBase, list[UnaryTransform]]:
-    """``num_envs`` envs stepped together, and the filter that shows the kept entries only.
+    """``num_envs`` envs stepped together, and the transforms that show the agent its input.
 
-    ``"vector"`` is gymnasium's ``SyncVectorEnv`` (auto-reset off: TorchRL
-    resets the done envs), returned with the filter to put on it;
-    ``"serial"`` and ``"parallel"`` are TorchRL's batched envs of filtered
-    ``GymEnv``, returned with no filter.
+    The transforms keep the chosen entries of a Box observation, or one-hot
+    encode a discrete one. ``"vector"`` is gymnasium's ``SyncVectorEnv``
+    (auto-reset off: TorchRL resets the done envs), returned with the
+    transforms to put on it; ``"serial"`` and ``"parallel"`` are TorchRL's
+    batched envs of transformed ``GymEnv``, returned with none.
     """
     if kind == "vector":
-        import gymnasium as gym
-
         env = GymWrapper(
             gym.make_vec(
                 env_id,
                 num_envs=num_envs,
                 vectorization_mode="sync",
                 vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.DISABLED},
+                wrappers=[TupleAsMultiDiscrete] if tuple_obs else None,
             )
         )
-        return env, [] if obs_keep is None else [_keep(obs_keep)]
+        return env, _observation_transforms(env, obs_keep, nvec)
     batched = SerialEnv if kind == "serial" else ParallelEnv
-    return batched(num_envs, partial(_make_one_env, env_id, obs_keep)), []
+    one = partial(_make_one_env, env_id, obs_keep, nvec, tuple_obs)
+    return batched(num_envs, one), []
 
 
 def make_env(
@@ -429,7 +635,12 @@ def make_env(
     (``InitTracker``, recurrent-state primers), through ``policy=``.
     """
     base_env, obs_filter = _make_batch(
-        args.batched_env, args.env, num_envs, args.obs_keep
+        args.batched_env,
+        args.env,
+        num_envs,
+        args.obs_keep,
+        getattr(args, "obs_nvec", None),
+        getattr(args, "obs_tuple", False),
     )
     # One TransformedEnv holds every transform: wrapping a TransformedEnv in
     # another would rely on TransformedEnv's auto-unwrapping, whose default
@@ -439,6 +650,8 @@ def make_env(
         env.append_transform(RewardScaling(loc=0.0, scale=args.reward_scale))
     if args.obs_norm:
         env.append_transform(VecNormV2(in_keys=["observation"], reduce_batch_dims=True))
+    if getattr(args, "prev_action", False):
+        env.append_transform(PreviousAction(env.full_action_spec["action"].shape[-1]))
     env.set_seed(seed)
     return env
 
@@ -575,7 +788,7 @@ class RunLog:
 
     Args:
         args: the parsed flags (``no_progress``, ``obs_norm``, ``eval_episodes``,
-            ``max_episode_steps``, ``out``).
+            ``max_episode_steps``, ``out``, and those :func:`inputs_used` reads).
         total_frames: the frames the run collects.
         start: ``time.monotonic()`` at the start of the run.
     """
@@ -588,6 +801,7 @@ class RunLog:
         self.recent: deque[float] = deque(maxlen=20)  # the last training episodes
         self.frames = 0
         self.bar = None
+        print(f"inputs: {inputs_used(args)}", flush=True)
         if not args.no_progress:
             self.bar = tqdm(total=total_frames, unit="frame", dynamic_ncols=True)
 
@@ -620,7 +834,7 @@ class RunLog:
         self.rows.append(
             {"frames": self.frames, "eval_return": value, "wall_s": round(wall, 2)}
         )
-        message = f"eval: return {value:.1f} after {self.frames} frames ({wall:.0f} s)"
+        message = f"eval: return {value:.2f} after {self.frames} frames ({wall:.0f} s)"
         if self.bar is not None:
             self.bar.write(message)
         else:
@@ -635,7 +849,7 @@ class RunLog:
         wall = time.monotonic() - self.start
         write_curve(self.args.out, self.rows, title)
         final = self.rows[-1]["eval_return"]
-        print(f"eval return {final:.1f} after {self.frames} frames in {wall:.0f} s")
+        print(f"eval return {final:.2f} after {self.frames} frames in {wall:.0f} s")
         return {
             "eval_return": final,
             "frames": self.frames,
@@ -701,10 +915,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         batch_size=args.minibatch_slices * args.steps_per_env,
     )
 
-    seen = "all" if args.obs_keep is None else ",".join(map(str, args.obs_keep))
     title = (
-        f"{args.env} (observation entries {seen}): "
-        f"{args.rnn if args.policy == 'rnn' else 'mlp'} PPO, seed {args.seed}"
+        f"{args.env}: {args.rnn if args.policy == 'rnn' else 'mlp'} PPO, "
+        f"seed {args.seed}\n{inputs_used(args)}"
     )
 
     log = RunLog(args, total_frames, start)

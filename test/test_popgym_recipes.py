@@ -1,0 +1,191 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""The recurrent recipes on POPGym's tasks, as they are.
+
+POPGym's envs register no step limit (they end their episodes themselves) and
+most have discrete observations: ``Discrete``, ``MultiDiscrete`` or a
+``Tuple`` of ``Discrete``. The recipes one-hot encode them with a TorchRL
+transform, take the episode limit from the env, and optionally append the
+previous action and a first-step flag (``--prev-action``). Each check builds
+the recipe's own envs on the real POPGym envs.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("popgym")
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "examples" / "recurrent"
+sys.path.insert(0, str(RECIPES))
+
+import recurrent_ppo  # noqa: E402
+
+from torchrl.envs.utils import RandomPolicy  # noqa: E402
+
+
+def _env_id(task: str) -> str:
+    return f"popgym:popgym-{task}-v0"
+
+
+def _args(task: str, *flags: str):
+    return recurrent_ppo.parse_args(
+        ["--env", _env_id(task), "--num-envs", "3", "--steps-per-env", "8", *flags]
+    )
+
+
+# task -> (category counts of its observation, its number of actions)
+DISCRETE = {
+    "RepeatPreviousEasy": ((4,), 4),  # Discrete(4)
+    "CountRecallEasy": ((2, 2), 27),  # MultiDiscrete([2, 2])
+    "AutoencodeEasy": ((2, 4), 4),  # Tuple(Discrete(2), Discrete(4))
+}
+
+
+class TestArguments:
+    @pytest.mark.parametrize("task", list(DISCRETE))
+    def test_discrete_observations(self, task):
+        args = _args(task)
+        assert args.obs_nvec == DISCRETE[task][0]
+        assert args.obs_tuple == (task == "AutoencodeEasy")
+        # one-hot inputs are not normalized; no entry selection
+        assert args.obs_norm is False and args.obs_keep is None
+
+    def test_episode_limit_from_the_env(self):
+        # none registered: the env's own max_episode_length
+        assert _args("RepeatPreviousEasy").max_episode_steps == 51
+        assert _args("PositionOnlyCartPoleEasy").max_episode_steps == 200
+        flag = _args("RepeatPreviousEasy", "--max-episode-steps", "7")
+        assert flag.max_episode_steps == 7
+
+    def test_box_observation_keeps_its_defaults(self):
+        args = _args("PositionOnlyCartPoleEasy")
+        assert args.obs_nvec is None and args.obs_norm is True
+        assert args.obs_keep is None  # 'auto' is 0,2 on CartPole-v1 only
+        cartpole = recurrent_ppo.parse_args([])
+        assert cartpole.obs_keep == (0, 2) and cartpole.max_episode_steps == 500
+
+    def test_obs_keep_on_a_discrete_observation(self, capsys):
+        with pytest.raises(SystemExit):
+            _args("CountRecallEasy", "--obs-keep", "0")
+        assert "is discrete" in capsys.readouterr().err
+
+
+def _rollout(args, steps: int, seed: int = 0):
+    env = recurrent_ppo.make_env(args, args.num_envs, seed)
+    torch.manual_seed(seed)
+    try:
+        return (
+            env.rollout(
+                steps, RandomPolicy(env.action_spec), break_when_any_done=False
+            ),
+            env.observation_spec["observation"],
+        )
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("batched", ["vector", "serial"])
+@pytest.mark.parametrize("task", list(DISCRETE))
+def test_one_hot_observation(task, batched):
+    """Every category group of every step is one-hot, as floats, in the spec."""
+    args = _args(task, "--batched-env", batched)
+    nvec = DISCRETE[task][0]
+    rollout, spec = _rollout(args, 60)
+    for obs in (rollout["observation"], rollout["next", "observation"]):
+        assert obs.dtype == torch.float32
+        assert obs.shape == (3, 60, sum(nvec)) and spec.shape[-1] == sum(nvec)
+        for group in obs.split(list(nvec), -1):
+            assert (group.sum(-1) == 1).all() and ((group == 0) | (group == 1)).all()
+    # the observation changes along the episode (not a constant encoding)
+    assert rollout["observation"].flatten(0, 1).unique(dim=0).shape[0] > 1
+
+
+@pytest.mark.parametrize("batched", ["vector", "serial"])
+def test_prev_action(batched):
+    """The previous action and the first-step flag, across episode ends and resets."""
+    args = _args("RepeatPreviousEasy", "--prev-action", "--batched-env", batched)
+    nvec, num_actions = DISCRETE["RepeatPreviousEasy"]
+    width = sum(nvec)
+    # 51-step episodes: two resets inside the rollout
+    rollout, spec = _rollout(args, 120)
+    assert spec.shape[-1] == width + num_actions + 1
+    obs, nxt = rollout["observation"], rollout["next", "observation"]
+    action = rollout["action"].float()
+    done = rollout["next", "done"].squeeze(-1)
+    assert done.sum() == 6  # 3 envs x 2 episode ends
+    first = torch.zeros_like(done)
+    first[:, 0] = True
+    first[:, 1:] = done[:, :-1]
+    assert torch.equal(obs[..., -1] == 1, first)
+    assert ((obs[..., -1] == 0) | first).all()
+    # first step: no previous action; otherwise the action just taken
+    assert (obs[first][:, width:-1] == 0).all()
+    assert torch.equal(obs[~first][:, width:-1], action[:, :-1][~first[:, 1:]])
+    # the next observation carries the step's own action, never a first flag
+    assert torch.equal(nxt[..., width:-1], action)
+    assert (nxt[..., -1] == 0).all()
+    # the base observation is still the one-hot one
+    assert (obs[..., :width].sum(-1) == 1).all()
+
+
+def _run(recipe: str, *flags: str):
+    return subprocess.run(
+        [sys.executable, str(RECIPES / recipe), *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize(
+    "recipe, task, flags, inputs",
+    [
+        (
+            "recurrent_ppo.py",
+            "AutoencodeEasy",
+            ["--prev-action", "--batched-env", "parallel", "--num-envs", "2"],
+            "observation one-hot (2+4 categories), previous action (one-hot), "
+            "first-step flag",
+        ),
+        (
+            "recurrent_ppo.py",
+            "PositionOnlyCartPoleEasy",
+            ["--rnn", "gru", "--num-envs", "4"],
+            "observation (all entries), normalized",
+        ),
+        (
+            "r2d2.py",
+            "CountRecallEasy",
+            ["--prev-action", "--warmup-frames", "128", "--num-slices", "4"],
+            "observation one-hot (2+2 categories), previous action (one-hot), "
+            "first-step flag",
+        ),
+    ],
+    ids=["ppo-autoencode-prev-action", "ppo-position-cartpole", "r2d2-count-recall"],
+)
+def test_recipe_runs(tmp_path, recipe, task, flags, inputs):
+    """A short run on the POPGym env, reporting which inputs the agent saw."""
+    proc = _run(
+        recipe,
+        *["--env", _env_id(task), "--frames", "512", "--eval-every", "256"],
+        *["--eval-episodes", "2", "--no-progress", "--out", str(tmp_path), *flags],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == f"inputs: {inputs}", proc.stdout
+    evals = re.findall(r"eval: return (-?\d+\.\d\d) after", proc.stdout)
+    assert len(evals) == 3
+    # POPGym's returns lie in [-1, 1]
+    assert all(-1 <= float(r) <= 1 for r in evals), proc.stdout
+    assert re.match(r"^eval return -?\d+\.\d\d after 512 frames in \d+ s$", lines[-1])
+    assert (tmp_path / "learning_curve.csv").is_file()
