@@ -13,6 +13,7 @@ the recipe's own envs on the real POPGym envs.
 """
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -189,3 +190,28 @@ def test_recipe_runs(tmp_path, recipe, task, flags, inputs):
     assert all(-1 <= float(r) <= 1 for r in evals), proc.stdout
     assert re.match(r"^eval return -?\d+\.\d\d after 512 frames in \d+ s$", lines[-1])
     assert (tmp_path / "learning_curve.csv").is_file()
+    # TorchRL's CSVLogger, the default: one row per evaluation
+    scalars = tmp_path / "logs" / tmp_path.name / "scalars"
+    rows = (scalars / "eval_return.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in rows] == ["0", "256", "512"]
+    assert [f"{float(row.split(',')[1]):.2f}" for row in rows] == evals
+    assert (scalars / "fps.csv").is_file() and (scalars / "train_return.csv").is_file()
+
+
+def test_logger_none_and_tensorboard(tmp_path):
+    flags = ["--env", _env_id("RepeatPreviousEasy"), "--frames", "256"]
+    flags += ["--num-envs", "2", "--steps-per-env", "128", "--eval-episodes", "1"]
+    proc = _run("recurrent_ppo.py", *flags, "--logger", "none", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "learning_curve.csv").is_file()
+    assert not (tmp_path / "logs").exists()
+    board = tmp_path / "board"
+    proc = _run(
+        "recurrent_ppo.py", *flags, "--logger", "tensorboard", "--out", str(board)
+    )
+    if importlib.util.find_spec("tensorboard") is None:
+        assert proc.returncode == 2
+        assert "--logger tensorboard needs the tensorboard package" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert list((board / "logs").rglob("events.out.tfevents.*"))

@@ -50,6 +50,7 @@ from recurrent_ppo import (
     _positive_int,
     _unit_float,
     _vecnorm,
+    add_logger_flag,
     inputs_used,
     make_env,
     quiet_info_logs,
@@ -345,6 +346,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="folder of learning_curve.csv and learning_curve.png",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_logger_flag(run)
     args = parser.parse_args(argv)
     if args.frames < args.num_envs * args.steps_per_env:
         parser.error(

@@ -350,6 +350,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="no progress bar (the evaluation lines are still printed)",
     )
+    add_logger_flag(run)
     args = parser.parse_args(argv)
     if args.obs_norm_frames < 0:
         parser.error(f"--obs-norm-frames must be >= 0, got {args.obs_norm_frames}")
@@ -367,14 +368,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def add_logger_flag(group) -> None:
+    """``--logger``: the :mod:`torchrl.record.loggers` logger a run writes its scalars to."""
+    group.add_argument(
+        "--logger",
+        choices=("csv", "tensorboard", "none"),
+        default="csv",
+        help="TorchRL logger (torchrl.record.loggers) for the evaluation "
+        "return, the training return and the frames per second, written "
+        "under <out>/logs (tensorboard needs the tensorboard package); the "
+        "learning-curve CSV and PNG are written either way",
+    )
+
+
 def _check_env(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--env`` and its flags against the env's spaces; resolves the ``auto`` defaults.
+
+    Also checks that ``--logger tensorboard`` has its package.
 
     Sets ``args.max_episode_steps``, ``args.obs_nvec`` (the category counts of a
     discrete observation, ``None`` for a Box) and ``args.obs_tuple`` (whether
     it is a ``Tuple`` of ``Discrete`` spaces), and resolves ``--obs-keep auto``
     and an unset ``--obs-norm``.
     """
+    if getattr(args, "logger", None) == "tensorboard":
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            parser.error(
+                "--logger tensorboard needs the tensorboard package: pip install "
+                "tensorboard, or use --logger csv"
+            )
     try:
         env = gym.make(args.env)
     except gym.error.Error as err:
@@ -801,6 +825,13 @@ class RunLog:
         self.recent: deque[float] = deque(maxlen=20)  # the last training episodes
         self.frames = 0
         self.bar = None
+        self.logger = None
+        if getattr(args, "logger", "none") != "none":
+            from torchrl.record.loggers import get_logger
+
+            self.logger = get_logger(
+                args.logger, str(args.out / "logs"), experiment_name=args.out.name
+            )
         print(f"inputs: {inputs_used(args)}", flush=True)
         if not args.no_progress:
             self.bar = tqdm(total=total_frames, unit="frame", dynamic_ncols=True)
@@ -809,10 +840,18 @@ class RunLog:
         """Counts a batch's frames and the returns of the episodes it ends."""
         self.frames += batch.numel()
         done = batch["next", "done"]
-        self.recent.extend(batch["next", "episode_reward"][done].tolist())
+        returns = batch["next", "episode_reward"][done].tolist()
+        self.recent.extend(returns)
+        if self.logger is not None and returns:
+            self.logger.log_scalar(
+                "train_return", sum(returns) / len(returns), step=self.frames
+            )
 
     def progress(self, num_frames: int) -> None:
         """Moves the bar on, with the frames per second and the recent return."""
+        if self.logger is not None:
+            fps = self.frames / max(time.monotonic() - self.start, 1e-9)
+            self.logger.log_scalar("fps", fps, step=self.frames)
         if self.bar is None:
             return
         self.bar.update(num_frames)
@@ -834,6 +873,8 @@ class RunLog:
         self.rows.append(
             {"frames": self.frames, "eval_return": value, "wall_s": round(wall, 2)}
         )
+        if self.logger is not None:
+            self.logger.log_scalar("eval_return", value, step=self.frames)
         message = f"eval: return {value:.2f} after {self.frames} frames ({wall:.0f} s)"
         if self.bar is not None:
             self.bar.write(message)
