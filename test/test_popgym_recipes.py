@@ -215,3 +215,27 @@ def test_logger_none_and_tensorboard(tmp_path):
     else:
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert list((board / "logs").rglob("events.out.tfevents.*"))
+
+
+def test_benchmark_quick(tmp_path):
+    """``benchmarks/popgym.py --quick``: the table and the curves it writes."""
+    table = tmp_path / "popgym.md"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "popgym.py"), "--quick"]
+        + ["--tasks", "RepeatPreviousEasy", "--models", "gru", "mlp"]
+        + ["--table", str(table)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in table.read_text().splitlines() if line.startswith("| R")]
+    assert [row.split(" | ")[2] for row in rows] == ["gru", "mlp"]
+    for row in rows:
+        cells = row.strip("| ").split(" | ")
+        assert cells[1] == "-0.50"  # the no-memory ceiling
+        assert -1 <= float(cells[3]) <= float(cells[4]) <= 1  # final <= best
+        assert cells[5] == "1024"
+    png = table.with_suffix(".png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")

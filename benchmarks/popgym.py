@@ -1,0 +1,229 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates.
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+"""Memory on POPGym: the recurrent PPO recipe with GRU, LSTM and the MLP control.
+
+Runs ``examples/recurrent/recurrent_ppo.py`` with its defaults (one set for
+every task) and ``--prev-action`` (the previous action and a first-step flag,
+POPGym's usual input) on POPGym tasks (Morad et al., ICLR 2023), each model
+and seed in its own subprocess, one after the other. Writes a Markdown table
+(``--table``) and a PNG of the learning curves next to it: per task and
+model, the median over seeds of the final and of the best mean evaluation
+return over training (POPGym's MMER is a best-over-training statistic), the
+frames and the wall time, each seed's figures beside them, and the no-memory
+ceiling of the task (the best a policy without memory scores, measured with
+hand-coded policies over 300 episodes).
+
+``--quick`` is the smoke mode (CI): one seed, a few thousand frames, the
+table written to a temporary folder unless ``--table`` is given.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "examples" / "recurrent" / "recurrent_ppo.py"
+
+# task -> (frames of a full run, no-memory ceiling of the evaluation return)
+TASKS = {
+    "RepeatPreviousEasy": (500_000, -0.50),
+    "RepeatFirstEasy": (500_000, 1.00),  # solvable without memory given prev-action
+    "CountRecallEasy": (1_000_000, -0.93),
+    "PositionOnlyCartPoleEasy": (200_000, 0.21),
+    "AutoencodeEasy": (1_000_000, -0.50),
+}
+MODELS = {
+    "gru": ["--rnn", "gru"],
+    "lstm": ["--rnn", "lstm"],
+    "mlp": ["--policy", "mlp"],
+}
+
+
+def _curve(path: Path) -> list[dict[str, float]]:
+    with open(path) as file:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(file)]
+
+
+def run_one(task: str, model: str, seed: int, frames: int, args, out: Path) -> dict:
+    """One recipe run in a subprocess; its curve and figures."""
+    folder = out / f"{task}-{model}-seed{seed}"
+    cmd = [sys.executable, str(RECIPE), "--env", f"popgym:popgym-{task}-v0"]
+    cmd += [*MODELS[model], "--prev-action", "--seed", str(seed)]
+    cmd += ["--frames", str(frames), "--eval-every", str(args.eval_every)]
+    cmd += ["--eval-episodes", str(args.eval_episodes), "--threads", "1"]
+    cmd += ["--no-progress", "--logger", "none", "--out", str(folder)]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.monotonic() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{task} {model} seed {seed} failed:\n{proc.stderr[-3000:]}")
+    curve = _curve(folder / "learning_curve.csv")
+    return {
+        "final": curve[-1]["eval_return"],
+        "best": max(r["eval_return"] for r in curve),
+        "frames": int(curve[-1]["frames"]),
+        "wall_s": wall,
+        "curve": curve,
+    }
+
+
+def _cell(runs: list[dict], key: str, fmt: str) -> str:
+    values = [r[key] for r in runs]
+    each = "/".join(format(v, fmt) for v in values)
+    if len(values) == 1:
+        return each
+    return f"{format(statistics.median(values), fmt)} ({each})"
+
+
+def write_table(results: dict, args, path: Path, seconds: float) -> None:
+    import torch
+
+    import torchrl
+
+    lines = [
+        "# Recurrent PPO on POPGym",
+        "",
+        f"Produced by `python benchmarks/popgym.py{' --quick' if args.quick else ''}` "
+        f"on {date.today().isoformat()}: torchrl {torchrl.__version__} (this fork), "
+        f"torch {torch.__version__}, Python {platform.python_version()}, "
+        f"{platform.machine()} with {_cores()} cores, 1 torch thread per run, "
+        f"{seconds / 60:.0f} min in all.",
+        "",
+        "Recipe defaults for every task, with `--prev-action` (previous action "
+        "and first-step flag, POPGym's usual input). Returns are the mean of "
+        f"{args.eval_episodes} deterministic evaluation episodes; median over "
+        "seeds, each seed in brackets. *best* is the best evaluation over "
+        "training (POPGym's MMER is a best-over-training statistic).",
+        "",
+        "| task | no-memory ceiling | model | final return | best return | frames | wall (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (task, model), runs in results.items():
+        lines.append(
+            f"| {task} | {TASKS[task][1]:.2f} | {model} | {_cell(runs, 'final', '.2f')} "
+            f"| {_cell(runs, 'best', '.2f')} | {_cell(runs, 'frames', 'd')} "
+            f"| {_cell(runs, 'wall_s', '.0f')} |"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({task for task, _ in results}, key=list(TASKS).index)
+    fig, axes = plt.subplots(
+        1, len(tasks), figsize=(4 * len(tasks), 3.2), squeeze=False
+    )
+    for ax, task in zip(axes[0], tasks):
+        for (t, model), runs in results.items():
+            if t != task:
+                continue
+            for i, run in enumerate(runs):
+                ax.plot(
+                    [r["frames"] for r in run["curve"]],
+                    [r["eval_return"] for r in run["curve"]],
+                    color={"gru": "C0", "lstm": "C1", "mlp": "C2"}[model],
+                    alpha=0.8,
+                    label=model if i == 0 else None,
+                )
+        ax.axhline(TASKS[task][1], color="grey", ls="--", lw=1, label="no memory")
+        ax.set_title(task)
+        ax.set_xlabel("frames")
+        ax.set_ylim(-1.05, 1.05)
+    axes[0][0].set_ylabel("evaluation return")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--tasks", nargs="+", choices=list(TASKS), default=list(TASKS), help="tasks"
+    )
+    parser.add_argument(
+        "--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="models"
+    )
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per model")
+    parser.add_argument(
+        "--frames",
+        type=int,
+        default=None,
+        help="frames per run (default: each task's budget, 200k to 1M)",
+    )
+    parser.add_argument(
+        "--eval-every", type=int, default=25_000, help="frames between evaluations"
+    )
+    parser.add_argument(
+        "--eval-episodes", type=int, default=16, help="episodes per evaluation"
+    )
+    parser.add_argument(
+        "--table",
+        type=Path,
+        default=None,
+        help="Markdown table to write, the PNG beside it (default: "
+        "benchmarks/results/popgym.md; with --quick a temporary folder)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke mode: one seed, 1,024 frames per run, evaluations every 512",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.frames, args.eval_every, args.eval_episodes = 1, 1024, 512, 2
+    tmp = tempfile.TemporaryDirectory()
+    if args.table is None:
+        args.table = (
+            Path(tmp.name) / "popgym.md"
+            if args.quick
+            else ROOT / "benchmarks" / "results" / "popgym.md"
+        )
+    start = time.monotonic()
+    results: dict = {}
+    for task in args.tasks:
+        frames = args.frames or TASKS[task][0]
+        for model in args.models:
+            runs = results.setdefault((task, model), [])
+            for seed in range(args.seeds):
+                run = run_one(task, model, seed, frames, args, Path(tmp.name))
+                runs.append(run)
+                print(
+                    f"{task:26} {model:4} seed {seed}: final {run['final']:.2f}, "
+                    f"best {run['best']:.2f}, {run['frames']} frames, "
+                    f"{run['wall_s']:.0f} s",
+                    flush=True,
+                )
+    write_table(results, args, args.table, time.monotonic() - start)
+    plot(results, args.table.with_suffix(".png"))
+    print(args.table.read_text())
+    print(f"popgym: table {args.table}, curves {args.table.with_suffix('.png')}")
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
