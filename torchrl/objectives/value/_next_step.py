@@ -6,7 +6,8 @@
 
 Losses and value estimators evaluate their networks on ``tensordict["next"]``
 to bootstrap. For a recurrent network under recurrent mode
-(:class:`~torchrl.modules.LSTMModule`, :class:`~torchrl.modules.GRUModule`) a
+(:class:`~torchrl.modules.LSTMModule`, :class:`~torchrl.modules.GRUModule`,
+:class:`~torchrl.modules.GTrXLModule`) a
 plain call on ``"next"`` is wrong twice on a batch of several slices, such as a
 flat :class:`~torchrl.data.SliceSampler` sample, unless the sample marks every
 slice start in ``("next", "is_init")`` (the slice samplers do when the storage
@@ -40,19 +41,21 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey, unravel_key
 
 from torchrl.data.replay_buffers._slice_utils import BURN_IN_KEY, MASK_KEY
+from torchrl.modules.tensordict_module._gtrxl import GTrXLModule
 from torchrl.modules.tensordict_module.rnn import GRUModule, LSTMModule
 from torchrl.objectives._mask import _content_rows, _get_mask
 
 _INIT_KEY = "is_init"
+# the modules that read a stored recurrent state at their slice starts
+_RECURRENT_MODULES = (LSTMModule, GRUModule, GTrXLModule)
 
 
 def _runs_recurrent(module: torch.nn.Module | None) -> bool:
-    """Whether ``module`` holds an LSTM/GRU module that runs in recurrent mode now."""
+    """Whether ``module`` holds an LSTM/GRU/GTrXL module that runs in recurrent mode now."""
     if module is None:
         return False
     return any(
-        isinstance(m, (LSTMModule, GRUModule)) and m.recurrent_mode
-        for m in module.modules()
+        isinstance(m, _RECURRENT_MODULES) and m.recurrent_mode for m in module.modules()
     )
 
 
@@ -60,11 +63,12 @@ def _stepwise_keys(module: torch.nn.Module, root: TensorDictBase) -> list[Nested
     """The entries of ``root`` that ``module`` reads at every step of a sequence.
 
     Every input but the sequence-start marker, the burn-in marker and the
-    recurrent states of the LSTM/GRU modules (read at sequence starts only).
+    recurrent states of the LSTM/GRU modules and the memory of the GTrXL
+    modules (read at sequence starts only).
     """
     skip = {_INIT_KEY, unravel_key(BURN_IN_KEY)}
     for m in module.modules():
-        if isinstance(m, (LSTMModule, GRUModule)):
+        if isinstance(m, _RECURRENT_MODULES):
             skip.update(unravel_key(key) for key in m.in_keys[1:])
     return [key for key in root.keys(True, True) if key not in skip]
 
