@@ -95,12 +95,13 @@ def test_run_prints_only_its_own_lines(tmp_path):
     "flags",
     [
         ["--policy", "mlp"],
+        ["--policy", "gtrxl", "--memory-len", "4", "--layers", "2"],
         ["--rnn", "gru"],
         ["--obs-keep", "all", "--no-obs-norm", "--batched-env", "serial"],
         ["--shared-rnn", "--batched-env", "parallel", "--num-envs", "2"],
         ["--env", "Acrobot-v1", "--obs-keep", "0,1,2,3"],
     ],
-    ids=["mlp", "gru", "all-obs-serial", "shared-parallel", "acrobot"],
+    ids=["mlp", "gtrxl", "gru", "all-obs-serial", "shared-parallel", "acrobot"],
 )
 def test_variants_run(tmp_path, flags):
     proc = _run(*SHORT, "--no-progress", "--out", str(tmp_path), *flags)
@@ -125,6 +126,8 @@ def test_variants_run(tmp_path, flags):
         (["--lr", "0"], "--lr must be positive"),
         (["--gamma", "1.5"], "--gamma must be in [0, 1]"),
         (["--policy", "transformer"], "invalid choice: 'transformer'"),
+        (["--policy", "gtrxl", "--heads", "3"], "--heads 3 must divide --embed-dim 64"),
+        (["--memory-len", "0"], "--memory-len must be at least 1"),
     ],
 )
 def test_bad_flags(flags, message):

@@ -33,8 +33,11 @@ from what it saw before. An LSTM actor and an LSTM critic learn it with PPO:
   length with a mask that :class:`~torchrl.objectives.ClipPPOLoss` honours.
 
 Nothing is reshaped to ``[batch, time]``, no hidden state is carried by hand,
-no mask is handled here. ``--policy mlp`` trains the same agent without
-memory: the control, which cannot balance the pole from positions alone.
+no mask is handled here. ``--policy gtrxl`` swaps each LSTM for a gated
+Transformer-XL memory (:class:`~torchrl.modules.GTrXLModule`, stored and
+replayed the same way; ``--memory-len``, ``--layers``, ``--heads``,
+``--embed-dim``). ``--policy mlp`` trains the same agent without memory: the
+control, which cannot balance the pole from positions alone.
 
 The script prints a progress bar, one line per evaluation (``--eval-episodes``
 deterministic episodes), writes ``learning_curve.csv`` and
@@ -88,6 +91,7 @@ from torchrl.envs import (
 )
 from torchrl.modules import (
     GRUModule,
+    GTrXLModule,
     LSTMModule,
     MLP,
     OneHotCategorical,
@@ -211,10 +215,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     agent = parser.add_argument_group("agent")
     agent.add_argument(
         "--policy",
-        choices=("rnn", "mlp"),
+        choices=("rnn", "gtrxl", "mlp"),
         default="rnn",
-        help="'rnn': recurrent actor and critic; 'mlp': the same agent without "
-        "memory (the control)",
+        help="'rnn': recurrent actor and critic (--rnn); 'gtrxl': a gated "
+        "Transformer-XL memory for each (GTrXLModule, --memory-len and the "
+        "flags after it); 'mlp': the same agent without memory (the control)",
     )
     agent.add_argument(
         "--rnn",
@@ -233,6 +238,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=partial(_positive_int, "--hidden"),
         default=64,
         help="recurrent state size, and width of the heads' hidden layer",
+    )
+    gtrxl = parser.add_argument_group("GTrXL (--policy gtrxl)")
+    gtrxl.add_argument(
+        "--memory-len",
+        type=partial(_positive_int, "--memory-len"),
+        default=16,
+        help="earlier steps each step attends to (the memory kept per layer)",
+    )
+    gtrxl.add_argument(
+        "--layers",
+        type=partial(_positive_int, "--layers"),
+        default=1,
+        help="transformer layers",
+    )
+    gtrxl.add_argument(
+        "--heads",
+        type=partial(_positive_int, "--heads"),
+        default=4,
+        help="attention heads per layer (they must divide --embed-dim)",
+    )
+    gtrxl.add_argument(
+        "--embed-dim",
+        type=partial(_positive_int, "--embed-dim"),
+        default=64,
+        help="width of the transformer and of its output",
     )
     ppo = parser.add_argument_group("PPO")
     ppo.add_argument(
@@ -359,6 +389,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(
                 f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}"
             )
+    if args.embed_dim % args.heads:
+        parser.error(
+            f"--heads {args.heads} must divide --embed-dim {args.embed_dim} (each "
+            "head gets embed_dim / heads channels)"
+        )
     if args.frames < args.num_envs * args.steps_per_env:
         parser.error(
             f"--frames={args.frames} is less than one batch "
@@ -693,7 +728,21 @@ def make_agent(
                     nn.Identity(), in_keys=["observation"], out_keys=[f"{name}_in"]
                 )
             ]
-        if args.rnn == "lstm":
+        if args.policy == "gtrxl":
+            module = GTrXLModule(
+                obs_dim,
+                args.embed_dim,
+                num_layers=args.layers,
+                num_heads=args.heads,
+                memory_len=args.memory_len,
+                in_keys=["observation", f"{name}_memory", f"{name}_memory_count"],
+                out_keys=[
+                    f"{name}_in",
+                    ("next", f"{name}_memory"),
+                    ("next", f"{name}_memory_count"),
+                ],
+            )
+        elif args.rnn == "lstm":
             module = LSTMModule(
                 input_size=obs_dim,
                 hidden_size=hidden,
@@ -709,7 +758,7 @@ def make_agent(
             )
         return [module]
 
-    head_in = obs_dim if args.policy == "mlp" else hidden
+    head_in = {"mlp": obs_dim, "gtrxl": args.embed_dim}.get(args.policy, hidden)
     actor_trunk = trunk("actor")
     # --shared-rnn: the critic's head reads the actor's RNN output
     critic_trunk = actor_trunk if args.shared_rnn else trunk("critic")
@@ -957,7 +1006,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
 
     title = (
-        f"{args.env}: {args.rnn if args.policy == 'rnn' else 'mlp'} PPO, "
+        f"{args.env}: {args.rnn if args.policy == 'rnn' else args.policy} PPO, "
         f"seed {args.seed}\n{inputs_used(args)}"
     )
 
