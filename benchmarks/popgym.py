@@ -2,18 +2,24 @@
 #
 # This source code is licensed under the MIT license found in the
 # LICENSE file in the root directory of this source tree.
-"""Memory on POPGym: the recurrent PPO recipe with GRU, LSTM and the MLP control.
+"""Memory on POPGym: the recurrent PPO recipe with GRU, LSTM, GTrXL and the MLP control.
 
 Runs ``examples/recurrent/recurrent_ppo.py`` with its defaults (one set for
-every task) and ``--prev-action`` (the previous action and a first-step flag,
-POPGym's usual input) on POPGym tasks (Morad et al., ICLR 2023), each model
-and seed in its own subprocess, one after the other. Writes a Markdown table
-(``--table``) and a PNG of the learning curves next to it: per task and
-model, the median over seeds of the final and of the best mean evaluation
-return over training (POPGym's MMER is a best-over-training statistic), the
-frames and the wall time, each seed's figures beside them, and the no-memory
-ceiling of the task (the best a policy without memory scores, measured with
-hand-coded policies over 300 episodes).
+every task) on POPGym tasks (Morad et al., ICLR 2023), each model and seed in
+its own subprocess, one after the other. The memory models (GRU, LSTM and,
+with ``--models``, GTrXL) get ``--prev-action`` (the previous action and a
+first-step flag, POPGym's usual input); the MLP control gets the observation alone, so that it has no memory
+at all (the previous action is one step of memory: with it an MLP scores
+about 0.4 on PositionOnlyCartPoleEasy, above the no-memory ceiling).
+
+Writes a Markdown table (``--table``) and a PNG of the learning curves next
+to it, rewritten after every run: per task and model, the median over seeds
+of the final and of the best mean evaluation return over training (POPGym's
+MMER is a best-over-training statistic), the frames and the wall time, each
+seed's figures beside them, and the no-memory ceiling of the task (the best a
+policy without memory scores, measured with hand-coded policies over 300
+episodes). Each run's folder is kept under ``--workdir`` when one is given,
+and a run whose folder holds its result is not run again (resume).
 
 ``--quick`` is the smoke mode (CI): one seed, a few thousand frames, the
 table written to a temporary folder unless ``--table`` is given.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import platform
 import statistics
 import subprocess
@@ -37,15 +44,24 @@ RECIPE = ROOT / "examples" / "recurrent" / "recurrent_ppo.py"
 # task -> (frames of a full run, no-memory ceiling of the evaluation return)
 TASKS = {
     "RepeatPreviousEasy": (500_000, -0.50),
-    "RepeatFirstEasy": (500_000, 1.00),  # solvable without memory given prev-action
+    "RepeatPreviousMedium": (1_000_000, -0.50),  # the card seen 32 steps ago
+    # chance level without the previous action (1.00 with it: no memory needed)
+    "RepeatFirstEasy": (500_000, -0.50),
     "CountRecallEasy": (1_000_000, -0.93),
     "PositionOnlyCartPoleEasy": (200_000, 0.21),
     "AutoencodeEasy": (1_000_000, -0.50),
 }
 MODELS = {
-    "gru": ["--rnn", "gru"],
-    "lstm": ["--rnn", "lstm"],
+    "gru": ["--rnn", "gru", "--prev-action"],
+    "lstm": ["--rnn", "lstm", "--prev-action"],
+    "gtrxl": ["--policy", "gtrxl", "--prev-action"],
     "mlp": ["--policy", "mlp"],
+}
+INPUTS = {
+    "gru": "obs + prev. action",
+    "lstm": "obs + prev. action",
+    "gtrxl": "obs + prev. action",
+    "mlp": "obs",
 }
 
 
@@ -57,8 +73,13 @@ def _curve(path: Path) -> list[dict[str, float]]:
 def run_one(task: str, model: str, seed: int, frames: int, args, out: Path) -> dict:
     """One recipe run in a subprocess; its curve and figures."""
     folder = out / f"{task}-{model}-seed{seed}"
+    done = folder / "result.json"
+    if done.exists():
+        return json.loads(done.read_text())
     cmd = [sys.executable, str(RECIPE), "--env", f"popgym:popgym-{task}-v0"]
-    cmd += [*MODELS[model], "--prev-action", "--seed", str(seed)]
+    cmd += [*MODELS[model], "--seed", str(seed)]
+    if args.stop_return is not None and model != "mlp":
+        cmd += ["--stop-return", str(args.stop_return)]
     cmd += ["--frames", str(frames), "--eval-every", str(args.eval_every)]
     cmd += ["--eval-episodes", str(args.eval_episodes), "--threads", "1"]
     cmd += ["--no-progress", "--logger", "none", "--out", str(folder)]
@@ -68,13 +89,17 @@ def run_one(task: str, model: str, seed: int, frames: int, args, out: Path) -> d
     if proc.returncode != 0:
         raise RuntimeError(f"{task} {model} seed {seed} failed:\n{proc.stderr[-3000:]}")
     curve = _curve(folder / "learning_curve.csv")
-    return {
+    result = {
         "final": curve[-1]["eval_return"],
         "best": max(r["eval_return"] for r in curve),
         "frames": int(curve[-1]["frames"]),
         "wall_s": wall,
+        # evaluations and start-up included: a lower bound of the training rate
+        "fps": curve[-1]["frames"] / curve[-1]["wall_s"],
         "curve": curve,
     }
+    done.write_text(json.dumps(result))
+    return result
 
 
 def _cell(runs: list[dict], key: str, fmt: str) -> str:
@@ -97,22 +122,34 @@ def write_table(results: dict, args, path: Path, seconds: float) -> None:
         f"on {date.today().isoformat()}: torchrl {torchrl.__version__} (this fork), "
         f"torch {torch.__version__}, Python {platform.python_version()}, "
         f"{platform.machine()} with {_cores()} cores, 1 torch thread per run, "
-        f"{seconds / 60:.0f} min in all.",
+        f"{seconds / 60:.0f} min in all"
+        + (
+            f", memory models stopped at the first evaluation >= {args.stop_return}"
+            if args.stop_return is not None
+            else ""
+        )
+        + ".",
         "",
-        "Recipe defaults for every task, with `--prev-action` (previous action "
-        "and first-step flag, POPGym's usual input). Returns are the mean of "
+        "Recipe defaults for every task. The memory models get "
+        "`--prev-action` (previous action and first-step flag, POPGym's usual "
+        "input); the MLP control sees the observation alone (no memory at "
+        "all). Returns are the mean of "
         f"{args.eval_episodes} deterministic evaluation episodes; median over "
         "seeds, each seed in brackets. *best* is the best evaluation over "
         "training (POPGym's MMER is a best-over-training statistic).",
         "",
-        "| task | no-memory ceiling | model | final return | best return | frames | wall (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| task | no-memory ceiling | model | inputs | final return | best return "
+        "| frames | wall (s) | frames/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for (task, model), runs in results.items():
+        if not runs:
+            continue
         lines.append(
-            f"| {task} | {TASKS[task][1]:.2f} | {model} | {_cell(runs, 'final', '.2f')} "
-            f"| {_cell(runs, 'best', '.2f')} | {_cell(runs, 'frames', 'd')} "
-            f"| {_cell(runs, 'wall_s', '.0f')} |"
+            f"| {task} | {TASKS[task][1]:.2f} | {model} | {INPUTS[model]} "
+            f"| {_cell(runs, 'final', '.2f')} | {_cell(runs, 'best', '.2f')} "
+            f"| {_cell(runs, 'frames', '.0f')} | {_cell(runs, 'wall_s', '.0f')} "
+            f"| {_cell(runs, 'fps', '.0f')} |"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -142,7 +179,9 @@ def plot(results: dict, path: Path) -> None:
                 ax.plot(
                     [r["frames"] for r in run["curve"]],
                     [r["eval_return"] for r in run["curve"]],
-                    color={"gru": "C0", "lstm": "C1", "mlp": "C2"}[model],
+                    color={"gru": "C0", "lstm": "C1", "mlp": "C2", "gtrxl": "C3"}[
+                        model
+                    ],
                     alpha=0.8,
                     label=model if i == 0 else None,
                 )
@@ -166,7 +205,11 @@ def main(argv: list[str] | None = None) -> None:
         "--tasks", nargs="+", choices=list(TASKS), default=list(TASKS), help="tasks"
     )
     parser.add_argument(
-        "--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="models"
+        "--models",
+        nargs="+",
+        choices=list(MODELS),
+        default=["gru", "lstm", "mlp"],
+        help="models (gtrxl: the GTrXL memory, recurrent_ppo.py --policy gtrxl)",
     )
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per model")
     parser.add_argument(
@@ -189,6 +232,20 @@ def main(argv: list[str] | None = None) -> None:
         "benchmarks/results/popgym.md; with --quick a temporary folder)",
     )
     parser.add_argument(
+        "--stop-return",
+        type=float,
+        default=None,
+        help="end a GRU/LSTM run at its first evaluation of at least this return "
+        "(the recipe's --stop-return; the MLP control always runs its budget)",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep each run's folder here and reuse the runs already done in it "
+        "(default: a temporary folder, removed at the end)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="smoke mode: one seed, 1,024 frames per run, evaluations every 512",
@@ -203,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.quick
             else ROOT / "benchmarks" / "results" / "popgym.md"
         )
+    workdir = args.workdir or Path(tmp.name)
     start = time.monotonic()
     results: dict = {}
     for task in args.tasks:
@@ -210,16 +268,17 @@ def main(argv: list[str] | None = None) -> None:
         for model in args.models:
             runs = results.setdefault((task, model), [])
             for seed in range(args.seeds):
-                run = run_one(task, model, seed, frames, args, Path(tmp.name))
+                run = run_one(task, model, seed, frames, args, workdir)
                 runs.append(run)
                 print(
                     f"{task:26} {model:4} seed {seed}: final {run['final']:.2f}, "
                     f"best {run['best']:.2f}, {run['frames']} frames, "
-                    f"{run['wall_s']:.0f} s",
+                    f"{run['wall_s']:.0f} s, {run['fps']:.0f} frames/s",
                     flush=True,
                 )
-    write_table(results, args, args.table, time.monotonic() - start)
-    plot(results, args.table.with_suffix(".png"))
+                # after every run, so that an interrupted sweep leaves its table
+                write_table(results, args, args.table, time.monotonic() - start)
+                plot(results, args.table.with_suffix(".png"))
     print(args.table.read_text())
     print(f"popgym: table {args.table}, curves {args.table.with_suffix('.png')}")
     tmp.cleanup()

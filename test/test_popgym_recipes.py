@@ -222,7 +222,7 @@ def test_benchmark_quick(tmp_path):
     table = tmp_path / "popgym.md"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "popgym.py"), "--quick"]
-        + ["--tasks", "RepeatPreviousEasy", "--models", "gru", "mlp"]
+        + ["--tasks", "RepeatPreviousEasy", "--models", "gru", "gtrxl", "mlp"]
         + ["--table", str(table)],
         capture_output=True,
         text=True,
@@ -231,11 +231,12 @@ def test_benchmark_quick(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line for line in table.read_text().splitlines() if line.startswith("| R")]
-    assert [row.split(" | ")[2] for row in rows] == ["gru", "mlp"]
+    assert [row.split(" | ")[2] for row in rows] == ["gru", "gtrxl", "mlp"]
     for row in rows:
         cells = row.strip("| ").split(" | ")
         assert cells[1] == "-0.50"  # the no-memory ceiling
-        assert -1 <= float(cells[3]) <= float(cells[4]) <= 1  # final <= best
-        assert cells[5] == "1024"
+        assert cells[3] == ("obs" if cells[2] == "mlp" else "obs + prev. action")
+        assert -1 <= float(cells[4]) <= float(cells[5]) <= 1  # final <= best
+        assert cells[6] == "1024"
     png = table.with_suffix(".png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
