@@ -268,6 +268,35 @@ class TestSlices:
                 checked += 1
         assert checked
 
+    def test_burn_in_over_the_receptive_field_is_exact(self, data):
+        """No stored memory, a burn-in of ``num_layers * memory_len`` steps: every training row is exact."""
+        gtrxl = _gtrxl(num_layers=2, memory_len=4)
+        sampler = SliceSampler(slice_len=6, burn_in=8, strict_length=False)
+        buffer = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(data.numel()), sampler=sampler, batch_size=60
+        )
+        buffer.append_transform(ExcludeTransform(*gtrxl.memory_keys), invert=True)
+        buffer.extend(data)
+        sample = buffer.sample()
+        burn = sample[BURN_IN].squeeze(-1)
+        # some slices have the whole burn-in, so the memory is rebuilt, not empty
+        assert burn.sum() > 8
+        out = _recurrent(gtrxl, sample.exclude("embed"))
+        torch.testing.assert_close(
+            out[~burn], sample["embed"][~burn], atol=ATOL, rtol=0
+        )
+        # one burn-in step fewer than the receptive field is not exact
+        short = SliceSampler(slice_len=6, burn_in=7, strict_length=False)
+        buffer = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(data.numel()), sampler=short, batch_size=60
+        )
+        buffer.append_transform(ExcludeTransform(*gtrxl.memory_keys), invert=True)
+        buffer.extend(data)
+        sample = buffer.sample()
+        burn = sample[BURN_IN].squeeze(-1)
+        out = _recurrent(gtrxl, sample.exclude("embed"))
+        assert not torch.allclose(out[~burn], sample["embed"][~burn], atol=ATOL)
+
     def test_gradients_equal_the_per_slice_reference(self, data):
         sampler = SliceSampler(slice_len=10, strict_length=False)
         sample = _buffer(data, sampler, 60).sample().exclude("embed")
