@@ -107,8 +107,18 @@ def test_run_prints_only_its_own_lines(tmp_path):
         ["--rnn", "gru", "--lmbda", "0"],
         ["--policy", "mlp"],
         ["--batched-env", "serial", "--num-envs", "2", "--obs-keep", "all"],
+        ["--policy", "gtrxl", "--memory-len", "4", "--layers", "2"],
+        ["--policy", "gtrxl", "--memory-len", "4", "--store-memory", "--prioritized"],
     ],
-    ids=["prioritized", "no-burn-in", "gru-one-step", "mlp", "serial-all-obs"],
+    ids=[
+        "prioritized",
+        "no-burn-in",
+        "gru-one-step",
+        "mlp",
+        "serial-all-obs",
+        "gtrxl",
+        "gtrxl-stored-prioritized",
+    ],
 )
 def test_variants_run(tmp_path, flags):
     proc = _run(*SHORT, "--no-progress", "--out", str(tmp_path), *flags)
@@ -132,6 +142,8 @@ def test_variants_run(tmp_path, flags):
         (["--lr", "0"], "--lr must be positive"),
         (["--tau", "0"], "--tau must be in (0, 1]"),
         (["--alpha", "2"], "--alpha must be in [0, 1]"),
+        (["--policy", "gtrxl", "--heads", "3"], "--heads 3 must divide --embed-dim 64"),
+        (["--store-memory"], "--store-memory is for --policy gtrxl"),
     ],
 )
 def test_bad_flags(flags, message):

@@ -26,6 +26,14 @@ in R2D2 (Kapturowski et al., ICLR 2019), built from TorchRL's own pieces:
   under ``set_recurrent_mode(True)``: the bootstrap pass runs every sequence
   from its stored state, with the same burn-in.
 
+``--policy gtrxl`` swaps the LSTM for a gated Transformer-XL memory
+(:class:`~torchrl.modules.GTrXLModule`). Its memory is too large to store at
+every step (``2 x --layers x --memory-len x --embed-dim`` floats), so by
+default the buffer drops it on writing (an inverse
+:class:`~torchrl.envs.ExcludeTransform`) and each sequence starts from an
+empty memory that a burn-in of ``--layers x --memory-len`` steps rebuilds
+exactly; ``--store-memory`` keeps it.
+
 TD(lambda) rather than n-step returns: the targets come out of the whole
 replayed sequence in one pass (R2D2's n-step returns are its ``lmbda``-free
 special case), and ``--lmbda 0`` gives one-step targets.
@@ -50,9 +58,12 @@ from recurrent_ppo import (
     _positive_int,
     _unit_float,
     _vecnorm,
+    add_gtrxl_flags,
     add_logger_flag,
+    check_gtrxl_flags,
     inputs_used,
     make_env,
+    make_gtrxl,
     quiet_info_logs,
     RunLog,
 )
@@ -66,6 +77,7 @@ from torchrl.data import (
     SliceSampler,
     TensorDictReplayBuffer,
 )
+from torchrl.envs import ExcludeTransform
 from torchrl.modules import (
     EGreedyModule,
     GRUModule,
@@ -189,9 +201,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     agent = parser.add_argument_group("agent")
     agent.add_argument(
         "--policy",
-        choices=["rnn", "mlp"],
+        choices=["rnn", "gtrxl", "mlp"],
         default="rnn",
-        help="'mlp': the same agent without memory, the control",
+        help="'rnn': a recurrent Q-network (--rnn); 'gtrxl': a gated "
+        "Transformer-XL memory (GTrXLModule, the GTrXL flags); 'mlp': the same "
+        "agent without memory, the control",
     )
     agent.add_argument(
         "--rnn", choices=["lstm", "gru"], default="lstm", help="recurrent cell"
@@ -202,13 +216,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=64,
         help="units of the RNN and of the Q head's hidden layer",
     )
+    add_gtrxl_flags(parser)
     replay = parser.add_argument_group("replay")
     replay.add_argument(
         "--burn-in",
         type=lambda v: _non_negative_int("--burn-in", v),
-        default=8,
+        default=None,
         help="steps replayed before each sequence to warm up its stored "
-        "recurrent state, without gradient and outside the loss (0: none)",
+        "recurrent state, without gradient and outside the loss (0: none; "
+        "default 8, and --layers x --memory-len with --policy gtrxl, which "
+        "rebuilds the memory exactly when the buffer stores none)",
+    )
+    replay.add_argument(
+        "--store-memory",
+        action="store_true",
+        help="--policy gtrxl: store the GTrXL memory of every step in the "
+        "buffer (2 x --layers x --memory-len x --embed-dim floats per step); "
+        "by default it is dropped on writing and each sequence starts from "
+        "an empty memory warmed up by the burn-in",
     )
     replay.add_argument(
         "--seq-len",
@@ -348,6 +373,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_logger_flag(run)
     args = parser.parse_args(argv)
+    check_gtrxl_flags(parser, args)
+    if args.store_memory and args.policy != "gtrxl":
+        parser.error("--store-memory is for --policy gtrxl (an RNN's state is stored)")
+    if args.burn_in is None:
+        args.burn_in = args.layers * args.memory_len if args.policy == "gtrxl" else 8
     if args.frames < args.num_envs * args.steps_per_env:
         parser.error(
             f"--frames={args.frames} is less than one batch "
@@ -364,12 +394,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_qnet(args: argparse.Namespace, obs_dim: int, action_spec) -> nn.Module:
-    """The Q-network: an RNN (or nothing, for ``--policy mlp``), an MLP head and the greedy action."""
+    """The Q-network: an RNN, a GTrXL (or nothing, for ``--policy mlp``), an MLP head and the greedy action."""
     hidden = args.hidden
     if args.policy == "mlp":
         trunk = TensorDictModule(
             nn.Identity(), in_keys=["observation"], out_keys=["embed"]
         )
+    elif args.policy == "gtrxl":
+        trunk = make_gtrxl(args, obs_dim, "q", "embed")
     elif args.rnn == "lstm":
         trunk = LSTMModule(
             input_size=obs_dim,
@@ -386,7 +418,9 @@ def make_qnet(args: argparse.Namespace, obs_dim: int, action_spec) -> nn.Module:
         )
     head = TensorDictModule(
         MLP(
-            in_features=obs_dim if args.policy == "mlp" else hidden,
+            in_features={"mlp": obs_dim, "gtrxl": args.embed_dim}.get(
+                args.policy, hidden
+            ),
             out_features=action_spec.shape[-1],
             num_cells=[hidden],
             activation_class=nn.ReLU,
@@ -464,8 +498,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         batch_size=args.num_slices * args.seq_len,
         priority_key="td_error",
     )
+    if args.policy == "gtrxl" and not args.store_memory:
+        # The memory is rebuilt by the burn-in: nothing of it is written.
+        buffer.append_transform(ExcludeTransform(*qnet[0].memory_keys), invert=True)
 
-    kind = args.rnn if args.policy == "rnn" else "mlp"
+    kind = args.rnn if args.policy == "rnn" else args.policy
     title = (
         f"{args.env}: {kind} R2D2, burn-in {args.burn_in}, seed {args.seed}\n"
         f"{inputs_used(args)}"

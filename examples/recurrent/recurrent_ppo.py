@@ -146,6 +146,61 @@ def _obs_keep(value: str) -> tuple[int, ...] | str | None:
     return entries
 
 
+def add_gtrxl_flags(parser: argparse.ArgumentParser) -> None:
+    """The ``--policy gtrxl`` flags of both recipes: memory length, layers, heads, width."""
+    gtrxl = parser.add_argument_group("GTrXL (--policy gtrxl)")
+    gtrxl.add_argument(
+        "--memory-len",
+        type=partial(_positive_int, "--memory-len"),
+        default=16,
+        help="earlier steps each step attends to (the memory kept per layer)",
+    )
+    gtrxl.add_argument(
+        "--layers",
+        type=partial(_positive_int, "--layers"),
+        default=1,
+        help="transformer layers",
+    )
+    gtrxl.add_argument(
+        "--heads",
+        type=partial(_positive_int, "--heads"),
+        default=4,
+        help="attention heads per layer (they must divide --embed-dim)",
+    )
+    gtrxl.add_argument(
+        "--embed-dim",
+        type=partial(_positive_int, "--embed-dim"),
+        default=64,
+        help="width of the transformer and of its output",
+    )
+
+
+def check_gtrxl_flags(parser: argparse.ArgumentParser, args) -> None:
+    """Errors out on GTrXL flags that cannot build the module."""
+    if args.embed_dim % args.heads:
+        parser.error(
+            f"--heads {args.heads} must divide --embed-dim {args.embed_dim} (each "
+            "head gets embed_dim / heads channels)"
+        )
+
+
+def make_gtrxl(args, obs_dim: int, name: str, out_key: str) -> GTrXLModule:
+    """A GTrXL memory over ``"observation"`` whose memory entries are ``{name}_memory*``."""
+    return GTrXLModule(
+        obs_dim,
+        args.embed_dim,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        memory_len=args.memory_len,
+        in_keys=["observation", f"{name}_memory", f"{name}_memory_count"],
+        out_keys=[
+            out_key,
+            ("next", f"{name}_memory"),
+            ("next", f"{name}_memory_count"),
+        ],
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=DESCRIPTION,
@@ -239,31 +294,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=64,
         help="recurrent state size, and width of the heads' hidden layer",
     )
-    gtrxl = parser.add_argument_group("GTrXL (--policy gtrxl)")
-    gtrxl.add_argument(
-        "--memory-len",
-        type=partial(_positive_int, "--memory-len"),
-        default=16,
-        help="earlier steps each step attends to (the memory kept per layer)",
-    )
-    gtrxl.add_argument(
-        "--layers",
-        type=partial(_positive_int, "--layers"),
-        default=1,
-        help="transformer layers",
-    )
-    gtrxl.add_argument(
-        "--heads",
-        type=partial(_positive_int, "--heads"),
-        default=4,
-        help="attention heads per layer (they must divide --embed-dim)",
-    )
-    gtrxl.add_argument(
-        "--embed-dim",
-        type=partial(_positive_int, "--embed-dim"),
-        default=64,
-        help="width of the transformer and of its output",
-    )
+    add_gtrxl_flags(parser)
     ppo = parser.add_argument_group("PPO")
     ppo.add_argument(
         "--frames",
@@ -389,11 +420,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(
                 f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}"
             )
-    if args.embed_dim % args.heads:
-        parser.error(
-            f"--heads {args.heads} must divide --embed-dim {args.embed_dim} (each "
-            "head gets embed_dim / heads channels)"
-        )
+    check_gtrxl_flags(parser, args)
     if args.frames < args.num_envs * args.steps_per_env:
         parser.error(
             f"--frames={args.frames} is less than one batch "
@@ -729,19 +756,7 @@ def make_agent(
                 )
             ]
         if args.policy == "gtrxl":
-            module = GTrXLModule(
-                obs_dim,
-                args.embed_dim,
-                num_layers=args.layers,
-                num_heads=args.heads,
-                memory_len=args.memory_len,
-                in_keys=["observation", f"{name}_memory", f"{name}_memory_count"],
-                out_keys=[
-                    f"{name}_in",
-                    ("next", f"{name}_memory"),
-                    ("next", f"{name}_memory_count"),
-                ],
-            )
+            module = make_gtrxl(args, obs_dim, name, f"{name}_in")
         elif args.rnn == "lstm":
             module = LSTMModule(
                 input_size=obs_dim,
