@@ -38,6 +38,22 @@ def median_time(fn: Callable[[], object], repeat: int, warmup: int = 3) -> float
     return statistics.median(times)
 
 
+def alternate(fn_a, fn_b, repeat: int, warmup: int = 3) -> float:
+    """Median time of ``fn_a`` over median time of ``fn_b``, timed alternately."""
+    for _ in range(warmup):
+        fn_a()
+        fn_b()
+    times_a, times_b = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn_a()
+        times_a.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        fn_b()
+        times_b.append(time.perf_counter() - start)
+    return statistics.median(times_a) / statistics.median(times_b)
+
+
 def _run_side(script: str, side: str, extra: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=str(SIDES[side]), RL_WARNINGS="0")
     env.setdefault("OMP_NUM_THREADS", "1")

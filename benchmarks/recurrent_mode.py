@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import _harness
@@ -46,22 +45,6 @@ MIN_LEN = 8
 BURN_IN = 8
 INPUT_SIZE = 64
 HIDDEN_SIZE = 128
-
-
-def _alternate(fn_a, fn_b, repeat: int, warmup: int = 3) -> float:
-    """Median time of ``fn_a`` over median time of ``fn_b``, timed alternately."""
-    for _ in range(warmup):
-        fn_a()
-        fn_b()
-    times_a, times_b = [], []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn_a()
-        times_a.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        fn_b()
-        times_b.append(time.perf_counter() - start)
-    return statistics.median(times_a) / statistics.median(times_b)
 
 
 def _case(kind: str, variable: bool, repeat: int) -> dict:
@@ -148,8 +131,10 @@ def _case(kind: str, variable: bool, repeat: int) -> dict:
         return wrapped
 
     return {
-        "fwd+bwd": _alternate(module_step, bare_step, repeat),
-        "no-grad": _alternate(no_grad(module_forward), no_grad(bare_forward), repeat),
+        "fwd+bwd": _harness.alternate(module_step, bare_step, repeat),
+        "no-grad": _harness.alternate(
+            no_grad(module_forward), no_grad(bare_forward), repeat
+        ),
     }
 
 
@@ -216,8 +201,10 @@ def _burn_in_case(kind: str, repeat: int) -> dict:
         return wrapped
 
     return {
-        "fwd+bwd": _alternate(lambda: module_run(True), lambda: bare(True), repeat),
-        "no-grad": _alternate(no_grad(module_run), no_grad(bare), repeat),
+        "fwd+bwd": _harness.alternate(
+            lambda: module_run(True), lambda: bare(True), repeat
+        ),
+        "no-grad": _harness.alternate(no_grad(module_run), no_grad(bare), repeat),
     }
 
 

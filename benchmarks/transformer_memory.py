@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
+import _harness
 import torch
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
@@ -50,22 +50,6 @@ NUM_LAYERS = 2
 NUM_HEADS = 4
 MEMORY_LEN = 32
 NUM_ENVS = 16
-
-
-def _alternate(fn_a, fn_b, repeat: int, warmup: int = 3) -> float:
-    """Median time of ``fn_a`` over median time of ``fn_b``, timed alternately."""
-    for _ in range(warmup):
-        fn_a()
-        fn_b()
-    times_a, times_b = [], []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn_a()
-        times_a.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        fn_b()
-        times_b.append(time.perf_counter() - start)
-    return statistics.median(times_a) / statistics.median(times_b)
 
 
 def _module() -> GTrXLModule:
@@ -141,8 +125,8 @@ def _round(repeat: int) -> dict:
 
     torch.testing.assert_close(module_forward(), bare().flatten(0, 1))
     row = {
-        "fwd+bwd": _alternate(backward(module_forward), backward(bare), repeat),
-        "no-grad": _alternate(no_grad(module_forward), no_grad(bare), repeat),
+        "fwd+bwd": _harness.alternate(backward(module_forward), backward(bare), repeat),
+        "no-grad": _harness.alternate(no_grad(module_forward), no_grad(bare), repeat),
     }
     lstm = LSTMModule(
         input_size=INPUT_SIZE, hidden_size=EMBED_DIM, in_key="obs", out_key="out"
@@ -160,7 +144,7 @@ def _round(repeat: int) -> dict:
         },
         [NUM_ENVS],
     )
-    row["step vs LSTM"] = _alternate(
+    row["step vs LSTM"] = _harness.alternate(
         no_grad(lambda: module(step.copy())),
         no_grad(lambda: lstm(step.copy())),
         repeat * 10,

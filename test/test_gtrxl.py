@@ -98,6 +98,16 @@ def _buffer(data, sampler, batch_size):
     return buffer
 
 
+def _buffer_without_memory(data, sampler, batch_size):
+    """A buffer of ``data`` that drops the memory entries as it writes them."""
+    buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(data.numel()), sampler=sampler, batch_size=batch_size
+    )
+    buffer.append_transform(ExcludeTransform(*_gtrxl().memory_keys), invert=True)
+    buffer.extend(data)
+    return buffer
+
+
 def _recurrent(gtrxl, data):
     with set_recurrent_mode(True):
         return gtrxl(data.clone())["embed"]
@@ -244,12 +254,8 @@ class TestSlices:
     def test_without_stored_memory(self, data):
         """No memory in the buffer: slices that start an episode are exact; others start empty."""
         sampler = SliceSampler(slice_len=8, burn_in=4, strict_length=False)
-        buffer = TensorDictReplayBuffer(
-            storage=LazyTensorStorage(data.numel()), sampler=sampler, batch_size=64
-        )
         # The memory entries are dropped as the buffer writes, as the docs show.
-        buffer.append_transform(ExcludeTransform(*_gtrxl().memory_keys), invert=True)
-        buffer.extend(data)
+        buffer = _buffer_without_memory(data, sampler, 64)
         stored = buffer.storage[:].keys(True, True)
         assert MEMORY not in stored and ("next", MEMORY) not in stored
         sample = buffer.sample()
@@ -272,11 +278,7 @@ class TestSlices:
         """No stored memory, a burn-in of ``num_layers * memory_len`` steps: every training row is exact."""
         gtrxl = _gtrxl(num_layers=2, memory_len=4)
         sampler = SliceSampler(slice_len=6, burn_in=8, strict_length=False)
-        buffer = TensorDictReplayBuffer(
-            storage=LazyTensorStorage(data.numel()), sampler=sampler, batch_size=60
-        )
-        buffer.append_transform(ExcludeTransform(*gtrxl.memory_keys), invert=True)
-        buffer.extend(data)
+        buffer = _buffer_without_memory(data, sampler, 60)
         sample = buffer.sample()
         burn = sample[BURN_IN].squeeze(-1)
         # some slices have the whole burn-in, so the memory is rebuilt, not empty
@@ -287,15 +289,15 @@ class TestSlices:
         )
         # one burn-in step fewer than the receptive field is not exact
         short = SliceSampler(slice_len=6, burn_in=7, strict_length=False)
-        buffer = TensorDictReplayBuffer(
-            storage=LazyTensorStorage(data.numel()), sampler=short, batch_size=60
-        )
-        buffer.append_transform(ExcludeTransform(*gtrxl.memory_keys), invert=True)
-        buffer.extend(data)
-        sample = buffer.sample()
-        burn = sample[BURN_IN].squeeze(-1)
-        out = _recurrent(gtrxl, sample.exclude("embed"))
-        assert not torch.allclose(out[~burn], sample["embed"][~burn], atol=ATOL)
+        buffer = _buffer_without_memory(data, short, 60)
+        torch.manual_seed(1)
+        inexact = 0
+        for _ in range(5):  # some sample holds a slice that needs the 8th step
+            sample = buffer.sample()
+            burn = sample[BURN_IN].squeeze(-1)
+            out = _recurrent(gtrxl, sample.exclude("embed"))
+            inexact += not torch.allclose(out[~burn], sample["embed"][~burn], atol=ATOL)
+        assert inexact
 
     def test_gradients_equal_the_per_slice_reference(self, data):
         sampler = SliceSampler(slice_len=10, strict_length=False)
