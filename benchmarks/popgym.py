@@ -110,7 +110,7 @@ def _cell(runs: list[dict], key: str, fmt: str) -> str:
     return f"{format(statistics.median(values), fmt)} ({each})"
 
 
-def write_table(results: dict, args, path: Path, seconds: float) -> None:
+def write_table(results: dict, args, path: Path) -> None:
     import torch
 
     import torchrl
@@ -122,7 +122,9 @@ def write_table(results: dict, args, path: Path, seconds: float) -> None:
         f"on {date.today().isoformat()}: torchrl {torchrl.__version__} (this fork), "
         f"torch {torch.__version__}, Python {platform.python_version()}, "
         f"{platform.machine()} with {_cores()} cores, 1 torch thread per run, "
-        f"{seconds / 60:.0f} min in all"
+        # summed over the runs: resumed runs count with the time they took
+        f"{sum(r['wall_s'] for runs in results.values() for r in runs) / 60:.0f} "
+        "min of runs in all"
         + (
             f", memory models stopped at the first evaluation >= {args.stop_return}"
             if args.stop_return is not None
@@ -272,7 +274,6 @@ def main(argv: list[str] | None = None) -> None:
             else ROOT / "benchmarks" / "results" / "popgym.md"
         )
     workdir = args.workdir or Path(tmp.name)
-    start = time.monotonic()
     results: dict = {}
     for task in args.tasks:
         frames = args.frames or TASKS[task][0]
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
                 # after every run, so that an interrupted sweep leaves its table
-                write_table(results, args, args.table, time.monotonic() - start)
+                write_table(results, args, args.table)
                 plot(results, args.table.with_suffix(".png"))
     print(args.table.read_text())
     print(f"popgym: table {args.table}, curves {args.table.with_suffix('.png')}")
