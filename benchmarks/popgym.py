@@ -7,10 +7,12 @@
 Runs ``examples/recurrent/recurrent_ppo.py`` with its defaults (one set for
 every task) on POPGym tasks (Morad et al., ICLR 2023), each model and seed in
 its own subprocess, one after the other. The memory models (GRU, LSTM and,
-with ``--models``, GTrXL) get ``--prev-action`` (the previous action and a
-first-step flag, POPGym's usual input); the MLP control gets the observation alone, so that it has no memory
-at all (the previous action is one step of memory: with it an MLP scores
-about 0.4 on PositionOnlyCartPoleEasy, above the no-memory ceiling).
+with ``--models``, GTrXL, whose ``--memory-len 32`` reaches
+RepeatPreviousMedium's card 32 steps back) get ``--prev-action`` (the
+previous action and a first-step flag, POPGym's usual input); the MLP control
+gets the observation alone, so that it has no memory at all (the previous
+action is one step of memory: with it an MLP scores about 0.4 on
+PositionOnlyCartPoleEasy, above the no-memory ceiling).
 
 Writes a Markdown table (``--table``) and a PNG of the learning curves next
 to it, rewritten after every run: per task and model, the median over seeds
@@ -54,7 +56,8 @@ TASKS = {
 MODELS = {
     "gru": ["--rnn", "gru", "--prev-action"],
     "lstm": ["--rnn", "lstm", "--prev-action"],
-    "gtrxl": ["--policy", "gtrxl", "--prev-action"],
+    # a memory that reaches RepeatPreviousMedium's card, seen 32 steps ago
+    "gtrxl": ["--policy", "gtrxl", "--memory-len", "32", "--prev-action"],
     "mlp": ["--policy", "mlp"],
 }
 INPUTS = {
@@ -132,7 +135,9 @@ def write_table(results: dict, args, path: Path) -> None:
         )
         + ".",
         "",
-        "Recipe defaults for every task. The memory models get "
+        "Recipe defaults for every task (GTrXL with `--memory-len 32`, so "
+        "that its window reaches RepeatPreviousMedium's card, seen 32 steps "
+        "ago). The memory models get "
         "`--prev-action` (previous action and first-step flag, POPGym's usual "
         "input); the MLP control sees the observation alone (no memory at "
         "all). Returns are the mean of "

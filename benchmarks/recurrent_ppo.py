@@ -2,7 +2,7 @@
 #
 # This source code is licensed under the MIT license found in the
 # LICENSE file in the root directory of this source tree.
-"""Recurrent PPO on CartPole without velocities: the fork's recipe against SB3-contrib.
+"""Recurrent PPO on CartPole without velocities: the fork's recipe against SB3-contrib, and its GTrXL variant.
 
 Runs, one after the other in one run on the same machine with the same torch
 thread count and the same number of frames:
@@ -16,14 +16,20 @@ thread count and the same number of frames:
   256, 20 epochs, gamma 0.98, GAE lambda 0.8, learning rate linear from 1e-3,
   clip range linear from 0.2, no entropy bonus, separate 64-unit LSTMs for the
   actor and the critic, ReLU heads of 64 units, ``ortho_init=False``) on
-  ``CartPole-v1`` whose observation keeps entries 0 and 2, as in the Zoo.
+  ``CartPole-v1`` whose observation keeps entries 0 and 2, as in the Zoo;
+- ``gtrxl`` (with ``--sides fork,gtrxl``): the same recipe with
+  ``--policy gtrxl`` and its defaults, a
+  :class:`~torchrl.modules.GTrXLModule` in place of each LSTM.
 
-Both evaluate every ``--eval-every`` frames on 10 deterministic episodes, and
+All evaluate every ``--eval-every`` frames on 10 deterministic episodes, and
 the evaluation time counts in their wall time. Each run is its own
 subprocess; the wall time is measured around it. Printed per seed and side:
 wall time, frames per second, the first frame count at which the evaluation
-reached 475 and the final evaluation return; then the wall-time ratio
-fork / SB3. Needs ``sb3-contrib`` (``requirements/bench.txt``).
+reached 475, the run's wall time then, and the final evaluation return; then
+the wall-time ratios of every side over the last one (medians over seeds),
+for whole runs and to the first evaluation >= 475 (``--sides gtrxl,fork``:
+GTrXL over LSTM). The ``sb3`` side needs
+``sb3-contrib`` (``requirements/bench.txt``).
 """
 from __future__ import annotations
 
@@ -41,6 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recurrent" / "recurrent_ppo.py"
 SOLVED = 475.0
+# the sides that run the fork's recipe, with their extra flags
+RECIPE_SIDES = {"fork": [], "gtrxl": ["--policy", "gtrxl"]}
 
 
 def _sb3_worker(args: argparse.Namespace) -> list[dict[str, float]]:
@@ -142,8 +150,9 @@ def _run(side: str, args: argparse.Namespace, seed: int) -> dict:
             "--eval-every",
             str(args.eval_every),
         ]
-        if side == "fork":
+        if side in RECIPE_SIDES:
             cmd = [sys.executable, str(RECIPE), *common, "--no-progress", "--out", out]
+            cmd += RECIPE_SIDES[side]
         else:
             cmd = [sys.executable, __file__, "--worker", *common]
         start = time.monotonic()
@@ -154,7 +163,7 @@ def _run(side: str, args: argparse.Namespace, seed: int) -> dict:
                 f"{side} run (seed {seed}) failed:\n{proc.stdout[-3000:]}\n"
                 f"{proc.stderr[-3000:]}"
             )
-        if side == "fork":
+        if side in RECIPE_SIDES:
             with open(Path(out) / "learning_curve.csv") as file:
                 curve = [
                     {k: float(v) for k, v in row.items()}
@@ -162,12 +171,13 @@ def _run(side: str, args: argparse.Namespace, seed: int) -> dict:
                 ]
         else:
             curve = json.loads(proc.stdout.strip().splitlines()[-1])
-    solved = next((r["frames"] for r in curve if r["eval_return"] >= SOLVED), None)
+    solved = next((r for r in curve if r["eval_return"] >= SOLVED), None)
     frames = curve[-1]["frames"]
     return {
         "wall_s": wall,
         "fps": frames / wall,
-        "solved_at": solved,
+        "solved_at": None if solved is None else solved["frames"],
+        "solved_wall_s": None if solved is None else solved["wall_s"],
         "final": curve[-1]["eval_return"],
         "frames": frames,
     }
@@ -198,7 +208,9 @@ def main() -> None:
     parser.add_argument(
         "--sides",
         default="fork,sb3",
-        help="which sides to run, comma-separated (default: fork,sb3)",
+        help="which sides to run, comma-separated, the last one the reference "
+        "of the ratios: fork (the LSTM recipe), sb3 and/or gtrxl (default: "
+        "fork,sb3)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -206,21 +218,33 @@ def main() -> None:
         print(json.dumps(_sb3_worker(args)))
         return
     sides = args.sides.split(",")
-    unknown = set(sides) - {"fork", "sb3"}
+    unknown = set(sides) - {"sb3", *RECIPE_SIDES}
     if unknown:
-        parser.error(f"--sides takes fork and/or sb3, got {sorted(unknown)}")
+        parser.error(f"--sides takes fork, sb3 and/or gtrxl, got {sorted(unknown)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     print(
         f"recurrent PPO, CartPole-v1 keeping entries 0 and 2, {args.frames} frames, "
         f"{args.threads} torch thread(s), evaluation every {args.eval_every} frames "
         f"(10 deterministic episodes); 'solved at' = first evaluation >= {SOLVED:g}"
     )
-    header = ["side", "seed", "wall s", "frames/s", "solved at", "final return"]
-    rows, walls = [header], {side: [] for side in sides}
+    header = [
+        "side",
+        "seed",
+        "wall s",
+        "frames/s",
+        "solved at",
+        "s to solve",
+        "final return",
+    ]
+    rows = [header]
+    walls = {side: [] for side in sides}
+    to_solve = {side: [] for side in sides}
     for seed in seeds:
         for side in sides:
             result = _run(side, args, seed)
             walls[side].append(result["wall_s"])
+            # a run that never solves counts as its whole wall time
+            to_solve[side].append(result["solved_wall_s"] or result["wall_s"])
             solved = result["solved_at"]
             rows.append(
                 [
@@ -229,6 +253,7 @@ def main() -> None:
                     f"{result['wall_s']:.1f}",
                     f"{result['fps']:.0f}",
                     "never" if solved is None else f"{solved:.0f}",
+                    "-" if solved is None else f"{result['solved_wall_s']:.1f}",
                     f"{result['final']:.1f}",
                 ]
             )
@@ -237,12 +262,14 @@ def main() -> None:
     print()
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
-    if len(sides) == 2:
-        fork, sb3 = (statistics.median(walls[s]) for s in ("fork", "sb3"))
-        print(
-            f"wall-time ratio fork / sb3 (medians over {len(seeds)} seed(s)): "
-            f"{fork / sb3:.2f}x"
-        )
+    reference = sides[-1]
+    for side in sides[:-1]:
+        for what, times in (("whole runs", walls), ("to solve", to_solve)):
+            ratio = statistics.median(times[side]) / statistics.median(times[reference])
+            print(
+                f"wall-time ratio {side} / {reference}, {what} (medians over "
+                f"{len(seeds)} seed(s)): {ratio:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def test_variants_run(tmp_path, flags):
         (["--lr", "0"], "--lr must be positive"),
         (["--gamma", "1.5"], "--gamma must be in [0, 1]"),
         (["--policy", "transformer"], "invalid choice: 'transformer'"),
-        (["--policy", "gtrxl", "--heads", "3"], "--heads 3 must divide --embed-dim 64"),
+        (["--policy", "gtrxl", "--heads", "3"], "--heads 3 must divide --embed-dim 32"),
         (["--memory-len", "0"], "--memory-len must be at least 1"),
     ],
 )

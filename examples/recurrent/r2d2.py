@@ -216,7 +216,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=64,
         help="units of the RNN and of the Q head's hidden layer",
     )
-    add_gtrxl_flags(parser)
+    add_gtrxl_flags(parser, embed_dim=64)
     replay = parser.add_argument_group("replay")
     replay.add_argument(
         "--burn-in",

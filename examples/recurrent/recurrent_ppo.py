@@ -146,8 +146,11 @@ def _obs_keep(value: str) -> tuple[int, ...] | str | None:
     return entries
 
 
-def add_gtrxl_flags(parser: argparse.ArgumentParser) -> None:
-    """The ``--policy gtrxl`` flags of both recipes: memory length, layers, heads, width."""
+def add_gtrxl_flags(parser: argparse.ArgumentParser, embed_dim: int = 32) -> None:
+    """The ``--policy gtrxl`` flags of both recipes: memory length, layers, heads, width.
+
+    ``embed_dim`` is the recipe's default ``--embed-dim``.
+    """
     gtrxl = parser.add_argument_group("GTrXL (--policy gtrxl)")
     gtrxl.add_argument(
         "--memory-len",
@@ -170,7 +173,7 @@ def add_gtrxl_flags(parser: argparse.ArgumentParser) -> None:
     gtrxl.add_argument(
         "--embed-dim",
         type=partial(_positive_int, "--embed-dim"),
-        default=64,
+        default=embed_dim,
         help="width of the transformer and of its output",
     )
 
