@@ -229,7 +229,19 @@ def main(argv: list[str] | None = None) -> None:
         default=["gru", "lstm", "mlp"],
         help="models (gtrxl: the GTrXL memory, recurrent_ppo.py --policy gtrxl)",
     )
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per model")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help="seeds per model: K..K+N-1 (--first-seed K)",
+    )
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="the first seed, to split the seeds of a table over processes "
+        "sharing --workdir",
+    )
     parser.add_argument(
         "--frames",
         type=int,
@@ -284,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
         frames = args.frames or TASKS[task][0]
         for model in args.models:
             runs = results.setdefault((task, model), [])
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 run = run_one(task, model, seed, frames, args, workdir)
                 runs.append(run)
                 print(
