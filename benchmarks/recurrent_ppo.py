@@ -17,7 +17,7 @@ thread count and the same number of frames:
   clip range linear from 0.2, no entropy bonus, separate 64-unit LSTMs for the
   actor and the critic, ReLU heads of 64 units, ``ortho_init=False``) on
   ``CartPole-v1`` whose observation keeps entries 0 and 2, as in the Zoo;
-- ``gtrxl`` (with ``--sides fork,gtrxl``): the same recipe with
+- ``gtrxl`` (with ``--sides gtrxl,fork``): the same recipe with
   ``--policy gtrxl`` and its defaults, a
   :class:`~torchrl.modules.GTrXLModule` in place of each LSTM.
 
@@ -25,10 +25,11 @@ All evaluate every ``--eval-every`` frames on 10 deterministic episodes, and
 the evaluation time counts in their wall time. Each run is its own
 subprocess; the wall time is measured around it. Printed per seed and side:
 wall time, frames per second, the first frame count at which the evaluation
-reached 475, the run's wall time then, and the final evaluation return; then
-the wall-time ratios of every side over the last one (medians over seeds),
-for whole runs and to the first evaluation >= 475 (``--sides gtrxl,fork``:
-GTrXL over LSTM). The ``sb3`` side needs
+reached 475, the time then on the run's own clock (from the start of
+training: the interpreter's start-up left out), and the final evaluation
+return; then the wall-time ratios of every side over the last one (medians
+over seeds), for whole runs and to the first evaluation >= 475
+(``--sides gtrxl,fork``: GTrXL over LSTM). The ``sb3`` side needs
 ``sb3-contrib`` (``requirements/bench.txt``).
 """
 from __future__ import annotations
@@ -244,7 +245,10 @@ def main() -> None:
             result = _run(side, args, seed)
             walls[side].append(result["wall_s"])
             # a run that never solves counts as its whole wall time
-            to_solve[side].append(result["solved_wall_s"] or result["wall_s"])
+            solved_wall = result["solved_wall_s"]
+            to_solve[side].append(
+                result["wall_s"] if solved_wall is None else solved_wall
+            )
             solved = result["solved_at"]
             rows.append(
                 [
