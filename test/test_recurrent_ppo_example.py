@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recurrent" / "recurrent_ppo.py"
@@ -111,6 +112,86 @@ def test_variants_run(tmp_path, flags):
     assert "[torchrl]" not in proc.stdout, proc.stdout
     assert LAST_LINE.match(proc.stdout.strip().splitlines()[-1])
     assert len(_curve(tmp_path)) == 3
+
+
+@pytest.mark.parametrize("policy", ["lstm", "gru", "gtrxl"])
+def test_whole_batch_minibatch_is_the_sampled_one(policy):
+    # when the batch's trajectory pieces fit in one minibatch, the recipe runs
+    # the loss on the [envs, steps] batch as collected instead of the slice
+    # sampler's padded sample of all its pieces: same loss, same gradient
+    sys.path.insert(0, str(RECIPE.parent))
+    try:
+        import recurrent_ppo
+    finally:
+        sys.path.remove(str(RECIPE.parent))
+    from tensordict.nn import TensorDictSequential
+
+    from torchrl.collectors import Collector
+    from torchrl.data import (
+        LazyTensorStorage,
+        SliceSamplerWithoutReplacement,
+        TensorDictReplayBuffer,
+    )
+    from torchrl.modules import set_recurrent_mode
+    from torchrl.objectives import ClipPPOLoss
+    from torchrl.objectives.value import GAE
+
+    torch.manual_seed(0)
+    flags = ["--policy", "gtrxl"] if policy == "gtrxl" else ["--rnn", policy]
+    args = recurrent_ppo.parse_args(
+        [*flags, "--num-envs", "4", "--steps-per-env", "16"]
+    )
+    env = recurrent_ppo.make_env(args, args.num_envs, 0)
+    actor, critic = recurrent_ppo.make_agent(
+        args, env.observation_spec["observation"].shape[-1], env.action_spec.shape[-1]
+    )
+    collector = Collector(
+        env,
+        TensorDictSequential(actor, critic),
+        frames_per_batch=64,
+        total_frames=-1,
+        auto_register_policy_transforms=True,
+    )
+    try:
+        # CartPole's first episodes are short: episode starts inside the rows
+        batch = next(iter(collector))
+    finally:
+        collector.shutdown()
+    assert batch.shape == (4, 16) and batch["is_init"][:, 1:].any()
+    with torch.no_grad(), set_recurrent_mode(True):
+        GAE(gamma=0.99, lmbda=0.95, value_network=critic)(batch)
+    pieces = 4 + int(batch["next", "done"][:, :-1].sum())
+    assert pieces == 4 + int(batch["is_init"][:, 1:].sum())
+    assert recurrent_ppo.fits_one_minibatch(batch, pieces)
+    assert not recurrent_ppo.fits_one_minibatch(batch, pieces - 1)
+    buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(64, ndim=2),
+        sampler=SliceSamplerWithoutReplacement(
+            slice_len=16, strict_length=False, pad_output=True
+        ),
+        batch_size=pieces * 16,
+    )
+    buffer.extend(batch)
+    (sample,) = list(buffer)
+    assert sample.numel() == pieces * 16 > batch.numel()  # padded
+    loss_fn = ClipPPOLoss(actor, critic, entropy_coeff=0.01, normalize_advantage=True)
+    with torch.no_grad():  # a policy that moved since collection: ratios != 1
+        for param in loss_fn.parameters():
+            param.add_(torch.randn_like(param), alpha=0.05)
+
+    def loss_and_grads(data):
+        loss_fn.zero_grad()
+        with set_recurrent_mode(True):
+            losses = loss_fn(data)
+        loss = sum(losses[k] for k in losses.keys() if k.startswith("loss_"))
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in loss_fn.parameters()]
+
+    loss_sampled, grads_sampled = loss_and_grads(sample)
+    loss_whole, grads_whole = loss_and_grads(batch)
+    torch.testing.assert_close(loss_whole, loss_sampled, rtol=1e-5, atol=1e-6)
+    for whole, sampled in zip(grads_whole, grads_sampled):
+        torch.testing.assert_close(whole, sampled, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize(

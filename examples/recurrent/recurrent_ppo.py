@@ -30,7 +30,13 @@ from what it saw before. An LSTM actor and an LSTM critic learn it with PPO:
   :class:`~torchrl.data.SliceSamplerWithoutReplacement` cuts it into the
   trajectory pieces it holds, marks every piece start in ``"is_init"`` so that
   the LSTMs restart from the state stored there, and pads the pieces to one
-  length with a mask that :class:`~torchrl.objectives.ClipPPOLoss` honours.
+  length with a mask that :class:`~torchrl.objectives.ClipPPOLoss` honours;
+  when all the pieces fit in one minibatch (``--minibatch-slices``, the usual
+  case once episodes last), :class:`~torchrl.objectives.ClipPPOLoss` runs on
+  the batch as collected instead, under ``set_recurrent_mode(True)`` too: the
+  LSTMs restart at every ``"is_init"`` inside a row, so it is the same loss
+  and gradient without the gather and the padding (see
+  :func:`fits_one_minibatch`).
 
 Nothing is reshaped to ``[batch, time]``, no hidden state is carried by hand,
 no mask is handled here. ``--policy gtrxl`` swaps each LSTM for a gated
@@ -60,6 +66,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import torch
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
@@ -204,6 +211,21 @@ def make_gtrxl(args, obs_dim: int, name: str, out_key: str) -> GTrXLModule:
     )
 
 
+def fits_one_minibatch(batch: TensorDictBase, minibatch_slices: int) -> bool:
+    """Whether the trajectory pieces of a ``[envs, steps]`` batch fit in one minibatch.
+
+    The pieces are what the slice sampler cuts the batch into: a row per env,
+    cut again after every episode end inside it. When they fit in
+    ``--minibatch-slices``, each epoch's one minibatch is the whole batch, and
+    the loss runs on the batch as collected: the recurrent modules restart at
+    every ``"is_init"`` inside a row, so the loss and its gradient are those of
+    the sampler's padded sample (``test_recurrent_ppo_example.py`` checks it),
+    without gathering the rows and computing on the padding.
+    """
+    pieces = batch.shape[0] + int(batch["next", "done"][:, :-1].sum())
+    return pieces <= minibatch_slices
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=DESCRIPTION,
@@ -323,7 +345,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=64,
         help="trajectory pieces per minibatch; a batch holds num-envs pieces "
         "plus one per episode that ends in it, so the default takes the whole "
-        "batch in one minibatch once episodes last",
+        "batch in one minibatch once episodes last (the loss then runs on the "
+        "batch as collected, with no replay-buffer sample)",
     )
     ppo.add_argument(
         "--lr",
@@ -1051,10 +1074,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
             with torch.no_grad(), set_recurrent_mode(True):
                 advantage(batch)
-            buffer.empty()
-            buffer.extend(batch.exclude(*next_state))
+            if fits_one_minibatch(batch, args.minibatch_slices):
+                epoch = [batch]
+            else:
+                buffer.empty()
+                buffer.extend(batch.exclude(*next_state))
+                epoch = buffer
             for _ in range(args.epochs):
-                for minibatch in buffer:
+                for minibatch in epoch:
                     with set_recurrent_mode(True):
                         losses = loss_fn(minibatch)
                     loss = losses["loss_objective"] + losses["loss_critic"]
