@@ -32,6 +32,7 @@ import argparse
 import csv
 import json
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def run_one(task: str, model: str, seed: int, frames: int, args, out: Path) -> d
     if done.exists():
         return json.loads(done.read_text())
     cmd = [sys.executable, str(RECIPE), "--env", f"popgym:popgym-{task}-v0"]
-    cmd += [*MODELS[model], "--seed", str(seed)]
+    cmd += [*MODELS[model], *shlex.split(args.recipe_args), "--seed", str(seed)]
     if args.stop_return is not None and model != "mlp":
         cmd += ["--stop-return", str(args.stop_return)]
     cmd += ["--frames", str(frames), "--eval-every", str(args.eval_every)]
@@ -135,7 +136,12 @@ def write_table(results: dict, args, path: Path) -> None:
         )
         + ".",
         "",
-        "Recipe defaults for every task (GTrXL with `--memory-len 32`, so "
+        (
+            f"Recipe defaults with `{args.recipe_args}`"
+            if args.recipe_args
+            else "Recipe defaults"
+        )
+        + " for every task (GTrXL with `--memory-len 32`, so "
         "that its window reaches RepeatPreviousMedium's card, seen 32 steps "
         "ago). The memory models get "
         "`--prev-action` (previous action and first-step flag, POPGym's usual "
@@ -274,6 +280,13 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="keep each run's folder here and reuse the runs already done in it "
         "(default: a temporary folder, removed at the end)",
+    )
+    parser.add_argument(
+        "--recipe-args",
+        default="",
+        help="more recipe flags for every run, one string, e.g. "
+        "--recipe-args='--entropy-coef 0.01' (a tuning sweep; the table says "
+        "which were given)",
     )
     parser.add_argument(
         "--quick",
