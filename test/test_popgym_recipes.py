@@ -74,6 +74,23 @@ class TestArguments:
         cartpole = recurrent_ppo.parse_args([])
         assert cartpole.obs_keep == (0, 2) and cartpole.max_episode_steps == 500
 
+    def test_defaults_per_family(self, capsys):
+        # POPGym's set (benchmarks/results/popgym-tuning.md) and CartPole's
+        for task in ("RepeatFirstEasy", "PositionOnlyCartPoleEasy"):
+            args = recurrent_ppo.parse_args(["--env", _env_id(task)])
+            assert (args.entropy_coef, args.steps_per_env) == (0.05, 64)
+        cartpole = recurrent_ppo.parse_args([])
+        assert (cartpole.entropy_coef, cartpole.steps_per_env) == (0.0, 32)
+        # a flag given wins, 0 included
+        assert _args("RepeatFirstEasy").steps_per_env == 8
+        # a flag given wins, 0 included
+        assert _args("RepeatFirstEasy", "--entropy-coef", "0").entropy_coef == 0.0
+        cartpole = recurrent_ppo.parse_args(["--entropy-coef", "0.01"])
+        assert cartpole.entropy_coef == 0.01
+        with pytest.raises(SystemExit):
+            _args("RepeatFirstEasy", "--entropy-coef", "-0.1")
+        assert "--entropy-coef must be >= 0, got -0.1" in capsys.readouterr().err
+
     def test_obs_keep_on_a_discrete_observation(self, capsys):
         with pytest.raises(SystemExit):
             _args("CountRecallEasy", "--obs-keep", "0")

@@ -330,8 +330,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ppo.add_argument(
         "--steps-per-env",
         type=partial(_positive_int, "--steps-per-env"),
-        default=32,
-        help="steps each env runs per batch (a batch is num-envs x this)",
+        default=None,
+        help="steps each env runs per batch (a batch is num-envs x this), "
+        "which is also the longest piece of trajectory the loss backpropagates "
+        "through (default: 64 on POPGym's envs, so that a piece holds a whole "
+        "CountRecallEasy episode, 32 elsewhere: the CartPole setting)",
     )
     ppo.add_argument(
         "--epochs",
@@ -381,8 +384,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ppo.add_argument(
         "--entropy-coef",
         type=float,
-        default=0.0,
-        help="weight of the entropy bonus",
+        default=None,
+        help="weight of the entropy bonus (default: 0.05 on POPGym's envs, "
+        "whose runs can otherwise settle early on a deterministic wrong answer, "
+        "0.0 elsewhere: the CartPole setting; benchmarks/results/"
+        "popgym-tuning.md has the sweep)",
     )
     ppo.add_argument(
         "--max-grad-norm",
@@ -447,6 +453,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}"
             )
     check_gtrxl_flags(parser, args)
+    # one set of defaults per family: POPGym's tasks, and the rest (CartPole);
+    # benchmarks/results/popgym-tuning.md has the sweep behind POPGym's
+    popgym = _is_popgym(args.env)
+    if args.entropy_coef is None:
+        args.entropy_coef = 0.05 if popgym else 0.0
+    elif args.entropy_coef < 0:
+        parser.error(f"--entropy-coef must be >= 0, got {args.entropy_coef}")
+    if args.steps_per_env is None:
+        args.steps_per_env = 64 if popgym else 32
     if args.frames < args.num_envs * args.steps_per_env:
         parser.error(
             f"--frames={args.frames} is less than one batch "
@@ -454,6 +469,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     _check_env(parser, args)
     return args
+
+
+def _is_popgym(env_id: str) -> bool:
+    """Whether ``env_id`` names a POPGym env (``popgym:popgym-<Task>-v0``)."""
+    return env_id.rsplit(":", 1)[-1].startswith("popgym-")
 
 
 def add_logger_flag(group) -> None:
