@@ -108,6 +108,16 @@ def run_one(task: str, model: str, seed: int, frames: int, args, out: Path) -> d
     return result
 
 
+def _recipe():
+    """The recipe module (its POPGym defaults name the table's settings)."""
+    sys.path.insert(0, str(RECIPE.parent))
+    try:
+        import recurrent_ppo
+    finally:
+        sys.path.pop(0)
+    return recurrent_ppo
+
+
 def _cell(runs: list[dict], key: str, fmt: str) -> str:
     values = [r[key] for r in runs]
     each = "/".join(format(v, fmt) for v in values)
@@ -141,8 +151,12 @@ def write_table(results: dict, args, path: Path) -> None:
         (
             f"Recipe defaults for POPGym with `{args.recipe_args}`"
             if args.recipe_args
-            else "Recipe defaults for POPGym (`--entropy-coef 0.05 "
-            "--steps-per-env 64`)"
+            else "Recipe defaults for POPGym (`"
+            + " ".join(
+                f"--{flag.replace('_', '-')} {value}"
+                for flag, value in _recipe().FAMILY_DEFAULTS["popgym"].items()
+            )
+            + "`)"
         )
         + " for every task (GTrXL with `--memory-len 32`, so "
         "that its window reaches RepeatPreviousMedium's card, seen 32 steps "

@@ -83,7 +83,6 @@ class TestArguments:
         assert (cartpole.entropy_coef, cartpole.steps_per_env) == (0.0, 32)
         # a flag given wins, 0 included
         assert _args("RepeatFirstEasy").steps_per_env == 8
-        # a flag given wins, 0 included
         assert _args("RepeatFirstEasy", "--entropy-coef", "0").entropy_coef == 0.0
         cartpole = recurrent_ppo.parse_args(["--entropy-coef", "0.01"])
         assert cartpole.entropy_coef == 0.01

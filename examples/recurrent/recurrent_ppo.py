@@ -226,6 +226,15 @@ def fits_one_minibatch(batch: TensorDictBase, minibatch_slices: int) -> bool:
     return pieces <= minibatch_slices
 
 
+# One set of defaults per family, for the flags left unset: POPGym's tasks
+# (benchmarks/results/popgym-tuning.md has the sweep behind them) and the rest
+# (CartPole, the SB3-contrib comparison).
+FAMILY_DEFAULTS = {
+    "popgym": {"entropy_coef": 0.05, "steps_per_env": 64},
+    "other": {"entropy_coef": 0.0, "steps_per_env": 32},
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=DESCRIPTION,
@@ -453,15 +462,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}"
             )
     check_gtrxl_flags(parser, args)
-    # one set of defaults per family: POPGym's tasks, and the rest (CartPole);
-    # benchmarks/results/popgym-tuning.md has the sweep behind POPGym's
-    popgym = _is_popgym(args.env)
-    if args.entropy_coef is None:
-        args.entropy_coef = 0.05 if popgym else 0.0
-    elif args.entropy_coef < 0:
+    family = "popgym" if _is_popgym(args.env) else "other"
+    for flag, value in FAMILY_DEFAULTS[family].items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, value)
+    if args.entropy_coef < 0:
         parser.error(f"--entropy-coef must be >= 0, got {args.entropy_coef}")
-    if args.steps_per_env is None:
-        args.steps_per_env = 64 if popgym else 32
     if args.frames < args.num_envs * args.steps_per_env:
         parser.error(
             f"--frames={args.frames} is less than one batch "
