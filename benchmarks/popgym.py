@@ -240,7 +240,7 @@ def plot(results: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_recipe().HelpFormatter,
     )
     parser.add_argument(
         "--tasks", nargs="+", choices=list(TASKS), default=list(TASKS), help="tasks"

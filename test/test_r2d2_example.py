@@ -161,6 +161,8 @@ def test_help_explains_every_flag():
     # every flag that takes a value shows its default; on/off flags do not
     onoff = re.findall(r'action="store_(?:true|false)"', RECIPE.read_text())
     assert onoff and proc.stdout.count("(default:") >= len(declared) - len(onoff) - 2
+    # a default resolved from other flags or the env is explained, not "None"
+    assert "(default: None)" not in proc.stdout
     # an on/off flag says what it does, not "(default: True)"
     no_obs_norm = re.search(r"--no-obs-norm\s+(.*?)\n\s+--", proc.stdout, re.S)
     assert no_obs_norm and "default: True" not in no_obs_norm.group(1)

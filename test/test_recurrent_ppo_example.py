@@ -226,6 +226,12 @@ def test_help_explains_every_flag():
     assert declared and declared <= flags | {"--help"}
     # every flag has its help text (the default is printed next to it)
     assert proc.stdout.count("(default:") >= len(declared) - 2
+    # a default resolved from other flags or the env is explained, not "None"
+    assert "(default: None)" not in proc.stdout
+    entropy = re.search(
+        r"--entropy-coef ENTROPY_COEF\s+(.*?)\n\s+--", proc.stdout, re.S
+    )
+    assert "0.05 on POPGym" in " ".join(entropy.group(1).split())
 
 
 @pytest.mark.learning

@@ -61,6 +61,7 @@ from recurrent_ppo import (
     add_gtrxl_flags,
     add_logger_flag,
     check_gtrxl_flags,
+    HelpFormatter,
     inputs_used,
     make_env,
     make_gtrxl,
@@ -115,24 +116,11 @@ def _positive_float(name: str, value: str) -> float:
     return number
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each default, except those of on/off flags.
-
-    ``--no-obs-norm (default: True)`` reads as "off by default"; a flag's help
-    says what it turns on or off instead.
-    """
-
-    def _get_help_string(self, action):
-        if action.nargs == 0:
-            return action.help
-        return super()._get_help_string(action)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=DESCRIPTION,
         epilog="Defaults solve CartPole-v1 without velocities within 300k frames.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     env = parser.add_argument_group("environment")
     env.add_argument(

@@ -235,11 +235,26 @@ FAMILY_DEFAULTS = {
 }
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each default after a flag's help, except where it would mislead.
+
+    An on/off flag's help says what it turns on or off (``--no-obs-norm
+    (default: True)`` reads as "off by default"), and a flag whose default is
+    ``None`` is resolved from other flags or from the env, as its help says
+    (``(default: None)`` would read as "none").
+    """
+
+    def _get_help_string(self, action):
+        if action.nargs == 0 or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=DESCRIPTION,
         epilog="Defaults solve CartPole-v1 without velocities within 100k frames.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     env = parser.add_argument_group("environment")
     env.add_argument(
@@ -388,7 +403,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--normalize-advantage",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="standardize the advantages of each minibatch",
+        help="standardize the advantages of each minibatch (default: on; "
+        "--no-normalize-advantage turns it off)",
     )
     ppo.add_argument(
         "--entropy-coef",
