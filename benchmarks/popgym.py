@@ -6,7 +6,8 @@
 
 Runs ``examples/recurrent/recurrent_ppo.py`` with its defaults (one set for
 every POPGym task: the recipe's CartPole settings with an entropy bonus of
-0.05 and 64 steps per env, ``benchmarks/results/popgym-tuning.md``) on POPGym
+0.05, 64 steps per env and a discount of 0.7,
+``benchmarks/results/popgym-tuning.md``) on POPGym
 tasks (Morad et al., ICLR 2023), each model and seed in
 its own subprocess, one after the other. The memory models (GRU, LSTM and,
 with ``--models``, GTrXL, whose ``--memory-len 32`` reaches
@@ -108,6 +109,23 @@ def run_one(task: str, model: str, seed: int, frames: int, args, out: Path) -> d
     return result
 
 
+def _settings(tasks: list[str], recipe_args: str) -> str:
+    """The recipe's defaults the runs of ``tasks`` got, family by family."""
+    recipe = _recipe()
+    families: dict[str, list[str]] = {}
+    for task in dict.fromkeys(tasks):
+        families.setdefault(recipe.family(f"popgym:popgym-{task}-v0"), []).append(task)
+    sets = []
+    for key, members in families.items():
+        flags = " ".join(
+            f"--{flag.replace('_', '-')} {value}"
+            for flag, value in recipe.FAMILY_DEFAULTS[key].items()
+        )
+        sets.append(f"`{flags}` on {', '.join(members)}")
+    given = f", and `{recipe_args}` given to every run" if recipe_args else ""
+    return f"Recipe defaults for POPGym ({'; '.join(sets)}){given}"
+
+
 def _recipe():
     """The recipe module (its POPGym defaults name the table's settings)."""
     sys.path.insert(0, str(RECIPE.parent))
@@ -148,19 +166,10 @@ def write_table(results: dict, args, path: Path) -> None:
         )
         + ".",
         "",
-        (
-            f"Recipe defaults for POPGym with `{args.recipe_args}`"
-            if args.recipe_args
-            else "Recipe defaults for POPGym (`"
-            + " ".join(
-                f"--{flag.replace('_', '-')} {value}"
-                for flag, value in _recipe().FAMILY_DEFAULTS["popgym"].items()
-            )
-            + "`)"
-        )
-        + " for every task (GTrXL with `--memory-len 32`, so "
+        _settings([task for task, _ in results], args.recipe_args)
+        + "; GTrXL with `--memory-len 32`, so "
         "that its window reaches RepeatPreviousMedium's card, seen 32 steps "
-        "ago). The memory models get "
+        "ago. The memory models get "
         "`--prev-action` (previous action and first-step flag, POPGym's usual "
         "input); the MLP control sees the observation alone (no memory at "
         "all). Returns are the mean of "
@@ -303,8 +312,10 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="more recipe flags for every run, one string, e.g. "
         "--recipe-args='--reward-scale 1' (a tuning sweep; the table says "
-        "which were given); --recipe-args='--entropy-coef 0 --steps-per-env 32' "
-        "gives the settings of the tables made before the POPGym defaults",
+        "which were given); --recipe-args='--entropy-coef 0 --steps-per-env 32 "
+        "--gamma 0.995' gives the settings of the tables made before the POPGym "
+        "defaults, --recipe-args='--gamma 0.995' those of the tables made with "
+        "their first version",
     )
     parser.add_argument(
         "--quick",

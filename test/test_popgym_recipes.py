@@ -75,17 +75,25 @@ class TestArguments:
         assert cartpole.obs_keep == (0, 2) and cartpole.max_episode_steps == 500
 
     def test_defaults_per_family(self, capsys):
-        # POPGym's set (benchmarks/results/popgym-tuning.md) and CartPole's
-        for task in ("RepeatFirstEasy", "PositionOnlyCartPoleEasy"):
-            args = recurrent_ppo.parse_args(["--env", _env_id(task)])
-            assert (args.entropy_coef, args.steps_per_env) == (0.05, 64)
-        cartpole = recurrent_ppo.parse_args([])
-        assert (cartpole.entropy_coef, cartpole.steps_per_env) == (0.0, 32)
+        # POPGym's sets (benchmarks/results/popgym-tuning.md) and CartPole's
+        def defaults(argv):
+            args = recurrent_ppo.parse_args(argv)
+            return args.entropy_coef, args.steps_per_env, args.gamma
+
+        # tasks that score each answer alone: a short discount
+        for task in ("RepeatFirstEasy", "CountRecallEasy", "RepeatPreviousMedium"):
+            assert defaults(["--env", _env_id(task)]) == (0.05, 64, 0.7)
+        # POPGym's control task keeps the long one
+        pole = ["--env", _env_id("PositionOnlyCartPoleEasy")]
+        assert defaults(pole) == (0.05, 64, 0.995)
+        assert defaults([]) == (0.0, 32, 0.995)
+        assert recurrent_ppo.family("CartPole-v1") == "other"
         # a flag given wins, 0 included
         assert _args("RepeatFirstEasy").steps_per_env == 8
         assert _args("RepeatFirstEasy", "--entropy-coef", "0").entropy_coef == 0.0
         cartpole = recurrent_ppo.parse_args(["--entropy-coef", "0.01"])
         assert cartpole.entropy_coef == 0.01
+        assert _args("CountRecallEasy", "--gamma", "0.99").gamma == 0.99
         with pytest.raises(SystemExit):
             _args("RepeatFirstEasy", "--entropy-coef", "-0.1")
         assert "--entropy-coef must be >= 0, got -0.1" in capsys.readouterr().err

@@ -226,12 +226,24 @@ def fits_one_minibatch(batch: TensorDictBase, minibatch_slices: int) -> bool:
     return pieces <= minibatch_slices
 
 
-# One set of defaults per family, for the flags left unset: POPGym's tasks
-# (benchmarks/results/popgym-tuning.md has the sweep behind them) and the rest
-# (CartPole, the SB3-contrib comparison).
+# One set of defaults per family, for the flags left unset
+# (benchmarks/results/popgym-tuning.md has the sweep behind POPGym's): POPGym's
+# tasks that score each step's answer alone and whose answers change nothing
+# dealt later (any discount has the same best policy there, and a short one
+# spares the critic predicting the rest of the episode), POPGym's other tasks
+# (PositionOnlyCartPole, Battleship, ...), and the rest (CartPole, the
+# SB3-contrib comparison).
+POPGYM_ANSWER_TASKS = (
+    "Autoencode",
+    "CountRecall",
+    "HigherLower",
+    "RepeatFirst",
+    "RepeatPrevious",
+)
 FAMILY_DEFAULTS = {
-    "popgym": {"entropy_coef": 0.05, "steps_per_env": 64},
-    "other": {"entropy_coef": 0.0, "steps_per_env": 32},
+    "popgym-answers": {"entropy_coef": 0.05, "steps_per_env": 64, "gamma": 0.7},
+    "popgym": {"entropy_coef": 0.05, "steps_per_env": 64, "gamma": 0.995},
+    "other": {"entropy_coef": 0.0, "steps_per_env": 32, "gamma": 0.995},
 }
 
 
@@ -390,8 +402,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ppo.add_argument(
         "--gamma",
         type=partial(_unit_float, "--gamma"),
-        default=0.995,
-        help="discount (a long horizon: the cart drifts off the track slowly)",
+        default=None,
+        help="discount (default: 0.7 on POPGym's tasks that score each answer "
+        "alone and whose answers change nothing dealt later: Autoencode, "
+        "CountRecall, HigherLower, RepeatFirst, RepeatPrevious, where any "
+        "discount has the same best policy and a short one spares the critic "
+        "predicting the rest of the episode; 0.995 elsewhere, a long horizon: "
+        "the cart drifts off the track slowly)",
     )
     ppo.add_argument(
         "--gae-lambda",
@@ -478,8 +495,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}"
             )
     check_gtrxl_flags(parser, args)
-    family = "popgym" if _is_popgym(args.env) else "other"
-    for flag, value in FAMILY_DEFAULTS[family].items():
+    for flag, value in FAMILY_DEFAULTS[family(args.env)].items():
         if getattr(args, flag) is None:
             setattr(args, flag, value)
     if args.entropy_coef < 0:
@@ -493,9 +509,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _is_popgym(env_id: str) -> bool:
-    """Whether ``env_id`` names a POPGym env (``popgym:popgym-<Task>-v0``)."""
-    return env_id.rsplit(":", 1)[-1].startswith("popgym-")
+def family(env_id: str) -> str:
+    """The key of :data:`FAMILY_DEFAULTS` for ``env_id``.
+
+    ``"popgym-answers"`` for a POPGym task of :data:`POPGYM_ANSWER_TASKS`
+    (``popgym:popgym-CountRecallEasy-v0``), ``"popgym"`` for any other POPGym
+    id, ``"other"`` for the rest.
+    """
+    name = env_id.rsplit(":", 1)[-1]
+    if not name.startswith("popgym-"):
+        return "other"
+    if name.removeprefix("popgym-").startswith(POPGYM_ANSWER_TASKS):
+        return "popgym-answers"
+    return "popgym"
 
 
 def add_logger_flag(group) -> None:
