@@ -5,9 +5,9 @@
 """Memory on POPGym: the recurrent PPO recipe with GRU, LSTM, GTrXL and the MLP control.
 
 Runs ``examples/recurrent/recurrent_ppo.py`` with its defaults (one set for
-every POPGym task: the recipe's CartPole settings with an entropy bonus of
-0.05, 64 steps per env and a discount of 0.7,
-``benchmarks/results/popgym-tuning.md``) on POPGym
+each family of POPGym tasks: the recipe's CartPole settings with an entropy
+bonus of 0.05 and 64 steps per env, and a discount of 0.7 on the tasks that
+score each answer alone, ``benchmarks/results/popgym-tuning.md``) on POPGym
 tasks (Morad et al., ICLR 2023), each model and seed in
 its own subprocess, one after the other. The memory models (GRU, LSTM and,
 with ``--models``, GTrXL, whose ``--memory-len 32`` reaches
