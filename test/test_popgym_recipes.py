@@ -98,6 +98,19 @@ class TestArguments:
             _args("RepeatFirstEasy", "--entropy-coef", "-0.1")
         assert "--entropy-coef must be >= 0, got -0.1" in capsys.readouterr().err
 
+    def test_help_quotes_each_family_default(self, capsys):
+        with pytest.raises(SystemExit):
+            recurrent_ppo.parse_args(["--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        for flag in ("entropy-coef", "steps-per-env", "gamma"):
+            # the help of one flag: from its name to the next flag's
+            metavar = flag.replace("-", "_").upper()
+            help_ = text.split(f"--{flag} {metavar} ", 1)[1].split(" --", 1)[0]
+            for values in recurrent_ppo.FAMILY_DEFAULTS.values():
+                assert f"{values[flag.replace('-', '_')]} " in help_, (flag, help_)
+        for task in recurrent_ppo.POPGYM_ANSWER_TASKS:
+            assert task in text
+
     def test_obs_keep_on_a_discrete_observation(self, capsys):
         with pytest.raises(SystemExit):
             _args("CountRecallEasy", "--obs-keep", "0")

@@ -268,6 +268,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog="Defaults solve CartPole-v1 without velocities within 100k frames.",
         formatter_class=HelpFormatter,
     )
+    # the help of the flags set per family quotes the values it resolves to
+    answers, popgym, other = (
+        FAMILY_DEFAULTS[key] for key in ("popgym-answers", "popgym", "other")
+    )
     env = parser.add_argument_group("environment")
     env.add_argument(
         "--env",
@@ -369,8 +373,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="steps each env runs per batch (a batch is num-envs x this), "
         "which is also the longest piece of trajectory the loss backpropagates "
-        "through (default: 64 on POPGym's envs, so that a piece holds a whole "
-        "CountRecallEasy episode, 32 elsewhere: the CartPole setting)",
+        f"through (default: {popgym['steps_per_env']} on POPGym's envs, so that "
+        "a piece holds a whole CountRecallEasy episode, "
+        f"{other['steps_per_env']} elsewhere: the CartPole setting)",
     )
     ppo.add_argument(
         "--epochs",
@@ -403,12 +408,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gamma",
         type=partial(_unit_float, "--gamma"),
         default=None,
-        help="discount (default: 0.7 on POPGym's tasks that score each answer "
-        "alone and whose answers change nothing dealt later: Autoencode, "
-        "CountRecall, HigherLower, RepeatFirst, RepeatPrevious, where any "
-        "discount has the same best policy and a short one spares the critic "
-        "predicting the rest of the episode; 0.995 elsewhere, a long horizon: "
-        "the cart drifts off the track slowly)",
+        help=f"discount (default: {answers['gamma']} on POPGym's tasks that "
+        "score each answer alone and whose answers change nothing dealt later: "
+        f"{', '.join(POPGYM_ANSWER_TASKS)}, where any discount has the same "
+        "best policy and a short one spares the critic predicting the rest of "
+        f"the episode; {other['gamma']} elsewhere, a long horizon: the cart "
+        "drifts off the track slowly)",
     )
     ppo.add_argument(
         "--gae-lambda",
@@ -427,10 +432,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--entropy-coef",
         type=float,
         default=None,
-        help="weight of the entropy bonus (default: 0.05 on POPGym's envs, "
-        "whose runs can otherwise settle early on a deterministic wrong answer, "
-        "0.0 elsewhere: the CartPole setting; benchmarks/results/"
-        "popgym-tuning.md has the sweep)",
+        help="weight of the entropy bonus (default: "
+        f"{popgym['entropy_coef']} on POPGym's envs, whose runs can otherwise "
+        "settle early on a deterministic wrong answer, "
+        f"{other['entropy_coef']} elsewhere: the CartPole setting; "
+        "benchmarks/results/popgym-tuning.md has the sweep)",
     )
     ppo.add_argument(
         "--max-grad-norm",
