@@ -10,8 +10,9 @@ bonus of 0.05 and 64 steps per env, and a discount of 0.7 on the tasks that
 score each answer alone, ``benchmarks/results/popgym-tuning.md``) on POPGym
 tasks (Morad et al., ICLR 2023), each model and seed in
 its own subprocess, one after the other. The memory models (GRU, LSTM and,
-with ``--models``, GTrXL, whose ``--memory-len 32`` reaches
-RepeatPreviousMedium's card 32 steps back) get ``--prev-action`` (the
+with ``--models``, GTrXL, whose ``--memory-len`` is set per task to the
+look-back the task's answers need, :data:`GTRXL_MEMORY_LEN`) get
+``--prev-action`` (the
 previous action and a first-step flag, POPGym's usual input); the MLP control
 gets the observation alone, so that it has no memory at all (the previous
 action is one step of memory: with it an MLP scores about 0.4 on
@@ -60,9 +61,18 @@ TASKS = {
 MODELS = {
     "gru": ["--rnn", "gru", "--prev-action"],
     "lstm": ["--rnn", "lstm", "--prev-action"],
-    # a memory that reaches RepeatPreviousMedium's card, seen 32 steps ago
-    "gtrxl": ["--policy", "gtrxl", "--memory-len", "32", "--prev-action"],
+    "gtrxl": ["--policy", "gtrxl", "--prev-action"],  # + GTRXL_MEMORY_LEN[task]
     "mlp": ["--policy", "mlp"],
+}
+# GTrXL's window (--memory-len): the earlier steps each answer of the task
+# depends on, rounded up to a power of two (the module attends to no more)
+GTRXL_MEMORY_LEN = {
+    "RepeatPreviousEasy": 16,  # the card 4 steps back (the recipe's default)
+    "RepeatPreviousMedium": 32,  # the card 32 steps back
+    "RepeatFirstEasy": 64,  # the first card of a 51-step episode
+    "CountRecallEasy": 64,  # every card of a 51-step episode
+    "PositionOnlyCartPoleEasy": 16,  # velocities (the recipe's default)
+    "AutoencodeEasy": 128,  # every card of a 103-step episode
 }
 INPUTS = {
     "gru": "obs + prev. action",
@@ -84,7 +94,10 @@ def run_one(task: str, model: str, seed: int, frames: int, args, out: Path) -> d
     if done.exists():
         return json.loads(done.read_text())
     cmd = [sys.executable, str(RECIPE), "--env", f"popgym:popgym-{task}-v0"]
-    cmd += [*MODELS[model], *shlex.split(args.recipe_args), "--seed", str(seed)]
+    cmd += MODELS[model]
+    if model == "gtrxl":
+        cmd += ["--memory-len", str(GTRXL_MEMORY_LEN[task])]
+    cmd += [*shlex.split(args.recipe_args), "--seed", str(seed)]
     if args.stop_return is not None and model != "mlp":
         cmd += ["--stop-return", str(args.stop_return)]
     cmd += ["--frames", str(frames), "--eval-every", str(args.eval_every)]
@@ -124,6 +137,19 @@ def _settings(tasks: list[str], recipe_args: str) -> str:
         sets.append(f"`{flags}` on {', '.join(members)}")
     given = f", and `{recipe_args}` given to every run" if recipe_args else ""
     return f"Recipe defaults for POPGym ({'; '.join(sets)}){given}"
+
+
+def _gtrxl_windows(tasks: list[str]) -> str:
+    """The GTrXL windows of the table's tasks, if it has GTrXL runs."""
+    if not tasks:
+        return ""
+    windows = ", ".join(
+        f"{GTRXL_MEMORY_LEN[task]} on {task}" for task in dict.fromkeys(tasks)
+    )
+    return (
+        "; GTrXL's window (`--memory-len`) covers the earlier steps each answer "
+        f"depends on: {windows}"
+    )
 
 
 def _recipe():
@@ -167,9 +193,8 @@ def write_table(results: dict, args, path: Path) -> None:
         + ".",
         "",
         _settings([task for task, _ in results], args.recipe_args)
-        + "; GTrXL with `--memory-len 32`, so "
-        "that its window reaches RepeatPreviousMedium's card, seen 32 steps "
-        "ago. The memory models get "
+        + _gtrxl_windows([task for task, model in results if model == "gtrxl"])
+        + ". The memory models get "
         "`--prev-action` (previous action and first-step flag, POPGym's usual "
         "input); the MLP control sees the observation alone (no memory at "
         "all). Returns are the mean of "

@@ -267,7 +267,14 @@ def test_benchmark_quick(tmp_path):
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line for line in table.read_text().splitlines() if line.startswith("| R")]
+    text = table.read_text()
+    # the GTrXL window of the task, and the recipe's defaults of its family
+    assert (
+        "covers the earlier steps each answer depends on: 16 on RepeatPreviousEasy"
+        in (" ".join(text.split()))
+    )
+    assert "`--entropy-coef 0.05 --steps-per-env 64 --gamma 0.7` on" in text
+    rows = [line for line in text.splitlines() if line.startswith("| R")]
     assert [row.split(" | ")[2] for row in rows] == ["gru", "gtrxl", "mlp"]
     for row in rows:
         cells = row.strip("| ").split(" | ")
