@@ -12,8 +12,8 @@ tasks (Morad et al., ICLR 2023), each model and seed in
 its own subprocess, one after the other. The memory models (GRU, LSTM and,
 with ``--models``, GTrXL, whose ``--memory-len`` is set per task to the
 look-back the task's answers need, :data:`GTRXL_MEMORY_LEN`) get
-``--prev-action`` (the
-previous action and a first-step flag, POPGym's usual input); the MLP control
+``--prev-action`` (the previous action and a first-step flag, POPGym's usual
+input); the MLP control
 gets the observation alone, so that it has no memory at all (the previous
 action is one step of memory: with it an MLP scores about 0.4 on
 PositionOnlyCartPoleEasy, above the no-memory ceiling).
@@ -65,7 +65,8 @@ MODELS = {
     "mlp": ["--policy", "mlp"],
 }
 # GTrXL's window (--memory-len): the earlier steps each answer of the task
-# depends on, rounded up to a power of two (the module attends to no more)
+# depends on, rounded up to a power of two (a step attends to at most this
+# many earlier steps)
 GTRXL_MEMORY_LEN = {
     "RepeatPreviousEasy": 16,  # the card 4 steps back (the recipe's default)
     "RepeatPreviousMedium": 32,  # the card 32 steps back
