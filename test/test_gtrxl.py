@@ -317,6 +317,85 @@ class TestSlices:
             torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.fixture(scope="module")
+def batch():
+    """The second ``[4, 60]`` CartPole batch collected with ``_gtrxl(memory_len=64)``.
+
+    The window spans a row: a slice that starts inside a row would reach the
+    memory stored at the row's start, and the steps of the slices before it.
+    """
+    _, batch = _collect(
+        _gtrxl(memory_len=64), frames_per_batch=240, batches=2, num_envs=4
+    )
+    assert batch["is_init"][:, 1:].sum() >= 4, "the rows should hold episode ends"
+    assert (batch[COUNT][:, 0] > 0).any(), "some row should start with memory"
+    return batch
+
+
+class TestRowsAsSlices:
+    """A ``[envs, T]`` batch whose episodes end inside its rows runs a row as one masked slice.
+
+    The result must be that of running every slice apart (the layout the
+    module falls back to), and of collection.
+    """
+
+    @staticmethod
+    def _run(data, rows_as_slices: bool, monkeypatch):
+        """The output and the gradients of ``_gtrxl(memory_len=64)``; whether the rows ran as slices."""
+        gtrxl = _gtrxl(memory_len=64)
+        segments = []
+        attend = gtrxl._attend
+
+        def spy(*args, segment=None, **kwargs):
+            segments.append(segment)
+            return attend(*args, segment=segment, **kwargs)
+
+        monkeypatch.setattr(gtrxl, "_attend", spy)
+        if not rows_as_slices:
+            monkeypatch.setattr(gtrxl, "_rows_as_slices", lambda *args: False)
+        weights = torch.randn(
+            *data.shape, 8, generator=torch.Generator().manual_seed(0)
+        )
+        out = _recurrent(gtrxl, data)
+        (out * weights).sum().backward()
+        return out, [p.grad for p in gtrxl.parameters()], segments[0] is not None
+
+    def test_equals_the_slices_run_apart(self, batch, monkeypatch):
+        data = batch.exclude("embed")
+        out, grads, as_rows = self._run(data, True, monkeypatch)
+        assert as_rows, "a batch of a few long rows should run them as slices"
+        torch.testing.assert_close(out, batch["embed"], atol=ATOL, rtol=0)
+        apart, apart_grads, as_rows = self._run(data, False, monkeypatch)
+        assert not as_rows
+        torch.testing.assert_close(out, apart, atol=ATOL, rtol=0)
+        for grad, apart_grad in zip(grads, apart_grads):
+            torch.testing.assert_close(grad, apart_grad, atol=1e-5, rtol=1e-4)
+
+    def test_padding(self, batch, monkeypatch):
+        data = batch.exclude("embed").clone()
+        mask = torch.ones(batch.shape, dtype=torch.bool)
+        mask[1, -15:] = mask[3, -7:] = False
+        data[MASK] = mask
+        data["observation"][~mask] = 1e30
+        data[MEMORY][~mask] = float("nan")
+        out, _, as_rows = self._run(data, True, monkeypatch)
+        assert as_rows
+        torch.testing.assert_close(out[mask], batch["embed"][mask], atol=ATOL, rtol=0)
+
+    def test_stored_memory_inside_a_row_runs_apart(self, batch, monkeypatch):
+        """A slice start inside a row that is no episode start (as a slice sampler marks them)."""
+        data = batch.exclude("embed").clone()
+        is_init = data["is_init"].clone()
+        row, step = 0, 30
+        assert not is_init[row, step] and data[COUNT][row, step] > 0
+        is_init[row, step] = True
+        data["is_init"] = is_init
+        out, _, as_rows = self._run(data, True, monkeypatch)
+        # its stored memory is attended: the same outputs as collection
+        assert not as_rows
+        torch.testing.assert_close(out, batch["embed"], atol=ATOL, rtol=0)
+
+
 def test_next_step_pass():
     """The bootstrap pass gives, at row t, the output collection gave at step t + 1."""
     gtrxl = _gtrxl()

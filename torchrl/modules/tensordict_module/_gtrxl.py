@@ -17,7 +17,11 @@ step; a recurrent-mode sample holds slices of many steps (they start at every
 ``"is_init"`` and at the first step of every row), each of which attends to
 the memory stored at its first row and to its own earlier steps, with the
 window of ``memory_len`` earlier steps and the position bias of each step
-exactly as in step-by-step collection.
+exactly as in step-by-step collection. A ``[envs, T]`` batch whose episodes
+end inside its rows (a collected batch) runs each row as one slice instead,
+its inner slices kept apart by the attention mask, unless an inner slice
+starts from stored memory (the collector stores none at an episode start):
+the same result, without padding the slices and with less attention.
 """
 from __future__ import annotations
 
@@ -465,17 +469,23 @@ class GTrXLModule(ModuleBase):
             )
         numel, steps = batch_shape.numel(), batch_shape[-1]
         device = value.device
-        split = _SliceSplit(is_init.reshape(numel // steps, steps).to(device))
+        is_init = is_init.reshape(numel // steps, steps).to(device, torch.bool)
+        stored_memory, stored_count = self._stored_memory(tensordict, numel, device)
+        burn_in = tensordict.get(BURN_IN_KEY, None)
+        split = _SliceSplit(is_init)
+        segment = None
+        if burn_in is None and self._rows_as_slices(split, is_init, stored_count):
+            split = _SliceSplit(torch.zeros_like(is_init))
+            # the slice of each step within its row
+            segment = is_init.long().cumsum(1) - is_init[:, :1].long()
         num_slices = split.num_slices
         if split.dense:
             starts = torch.arange(num_slices, device=device) * split.max_len
             lengths = torch.full((num_slices,), split.max_len, device=device)
         else:
             starts, lengths = split.starts, split.lengths.to(device)
-        stored_memory, stored_count = self._stored_memory(tensordict, numel, device)
         memory = stored_memory.index_select(0, starts)
         count = stored_count.index_select(0, starts)
-        burn_in = tensordict.get(BURN_IN_KEY, None)
         if burn_in is not None:
             burn_in = split.pad(burn_in.reshape(numel).to(device, torch.bool))
         attendable = None
@@ -504,9 +514,29 @@ class GTrXLModule(ModuleBase):
             attendable=attendable,
             burn_in=burn_in,
             final_memory=False,
+            segment=segment,
         )
         tensordict.set(self.out_keys[0], split.unpad(output).reshape(*batch_shape, -1))
         return tensordict
+
+    def _rows_as_slices(
+        self, split: _SliceSplit, is_init: Tensor, stored_count: Tensor
+    ) -> bool:
+        """Whether to run each row of ``is_init`` as one slice, its own slices told apart by the mask.
+
+        The same result as running the slices apart, when no slice that starts
+        inside a row has stored memory (the collector stores none at an
+        episode start), for less attention and no padding where the rows are
+        short and hold few slices: a collected ``[envs, steps]`` batch in which
+        episodes end. A flat sample of many slices runs them apart.
+        """
+        rows, steps = is_init.shape
+        mem_len, slices, length = self.memory_len, split.num_slices, split.max_len
+        if split.dense or rows * steps * (mem_len + steps) >= (
+            slices * length * (mem_len + length)
+        ):
+            return False
+        return not stored_count.view(rows, steps)[:, 1:][is_init[:, 1:]].any()
 
     def _attend(
         self,
@@ -518,6 +548,7 @@ class GTrXLModule(ModuleBase):
         attendable: Tensor | None = None,
         burn_in: Tensor | None = None,
         final_memory: bool = True,
+        segment: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Runs ``S`` slices of ``T`` (padded) steps from their memory, all steps at once.
 
@@ -529,6 +560,9 @@ class GTrXLModule(ModuleBase):
             attendable: ``[S, T]``, ``False`` on rows never to attend (padding).
             burn_in: ``[S, T]``, ``True`` on the burn-in rows, run without gradient.
             final_memory: whether to return the memory after each slice.
+            segment: ``[S, T]``, for slices that hold several: the index of the
+                inner slice of each step, counted from 0. A step attends to the
+                steps of its inner slice, and to the memory only in the first.
 
         Returns:
             the ``[S, T, D]`` output, and the ``[S, L, M, D]`` memory and ``[S]``
@@ -555,6 +589,10 @@ class GTrXLModule(ModuleBase):
             value = value.masked_fill(~attendable.unsqueeze(-1), 0.0)
             count = count.masked_fill(~attendable[:, 0], 0)
         allowed = window & torch.cat([valid, real], 1).unsqueeze(1)
+        if segment is not None:
+            first = (segment == 0).unsqueeze(-1).expand(-1, -1, mem_len)
+            same = segment.unsqueeze(-1) == segment.unsqueeze(1)
+            allowed = allowed & torch.cat([first, same], -1)
         # every step attends to itself (a padding row too, so that no row of
         # the softmax is empty)
         allowed = allowed | (distance == 0)
