@@ -13,6 +13,12 @@
   indices precomputed (``scaled_dot_product_attention`` with a float mask,
   as the module): the ratio is what the module's layout work costs (finding
   the slices, gathering the memory, building the mask).
+* **collected batch** (forward + backward): a ``[16, 64]`` batch as a
+  collector returns it, whose 51-step episodes (CountRecallEasy's) end
+  inside the rows, with the memory stored at every row (empty at the
+  episode starts): the module, which runs each row as one slice with its
+  episodes kept apart by the mask, over the same module made to run every
+  slice apart, padded to the longest.
 * **collection step** (no gradients): one step of a batch of 16 envs through
   the module, over the same step through an :class:`~torchrl.modules.LSTMModule`
   of the same width.
@@ -50,6 +56,8 @@ NUM_LAYERS = 2
 NUM_HEADS = 4
 MEMORY_LEN = 32
 NUM_ENVS = 16
+ROW_STEPS = 64
+EPISODE = 51
 
 
 def _module() -> GTrXLModule:
@@ -79,6 +87,23 @@ def _sample() -> TensorDict:
             "recurrent_state_memory_count": torch.full((numel, 1), MEMORY_LEN),
         },
         [numel],
+    )
+
+
+def _collected_batch() -> TensorDict:
+    """A ``[NUM_ENVS, ROW_STEPS]`` batch whose episodes end inside the rows."""
+    generator = torch.Generator().manual_seed(0)
+    phase = torch.randint(0, EPISODE, (NUM_ENVS, 1), generator=generator)
+    is_init = ((torch.arange(ROW_STEPS) + phase) % EPISODE == 0).unsqueeze(-1)
+    shape = (NUM_ENVS, ROW_STEPS, NUM_LAYERS, MEMORY_LEN, EMBED_DIM)
+    return TensorDict(
+        {
+            "obs": torch.randn(NUM_ENVS, ROW_STEPS, INPUT_SIZE),
+            "is_init": is_init,
+            "recurrent_state_memory": torch.randn(shape),
+            "recurrent_state_memory_count": torch.where(is_init, 0, MEMORY_LEN),
+        },
+        [NUM_ENVS, ROW_STEPS],
     )
 
 
@@ -128,6 +153,21 @@ def _round(repeat: int) -> dict:
         "fwd+bwd": _harness.alternate(backward(module_forward), backward(bare), repeat),
         "no-grad": _harness.alternate(no_grad(module_forward), no_grad(bare), repeat),
     }
+    batch = _collected_batch()
+    apart = _module()
+    apart._rows_as_slices = lambda *args: False
+
+    def on_batch(gtrxl):
+        def run():
+            with set_recurrent_mode(True):
+                return gtrxl(batch.copy())["out"]
+
+        return run
+
+    torch.testing.assert_close(on_batch(module)(), on_batch(apart)())
+    row["batch rows vs apart"] = _harness.alternate(
+        backward(on_batch(module)), backward(on_batch(apart)), repeat
+    )
     lstm = LSTMModule(
         input_size=INPUT_SIZE, hidden_size=EMBED_DIM, in_key="obs", out_key="out"
     )
@@ -217,6 +257,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         "recurrent mode / bare masked attention: "
         + ", ".join(f"{col} {result[col]:.3f}" for col in ("fwd+bwd", "no-grad"))
+    )
+    print(
+        f"collected [{NUM_ENVS}, {ROW_STEPS}] batch, {EPISODE}-step episodes, "
+        f"rows as slices / slices apart: fwd+bwd {result['batch rows vs apart']:.3f}"
     )
     print(f"collection step / LSTMModule step: {result['step vs LSTM']:.3f}")
     sizes = _buffer_bytes()
