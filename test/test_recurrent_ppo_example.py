@@ -114,16 +114,21 @@ def test_variants_run(tmp_path, flags):
     assert len(_curve(tmp_path)) == 3
 
 
-@pytest.mark.parametrize("policy", ["lstm", "gru", "gtrxl"])
-def test_whole_batch_minibatch_is_the_sampled_one(policy):
-    # when the batch's trajectory pieces fit in one minibatch, the recipe runs
-    # the loss on the [envs, steps] batch as collected instead of the slice
-    # sampler's padded sample of all its pieces: same loss, same gradient
+def _recipe_module():
     sys.path.insert(0, str(RECIPE.parent))
     try:
         import recurrent_ppo
     finally:
         sys.path.remove(str(RECIPE.parent))
+    return recurrent_ppo
+
+
+@pytest.mark.parametrize("policy", ["lstm", "gru", "gtrxl"])
+def test_whole_batch_minibatch_is_the_sampled_one(policy):
+    # when the batch's trajectory pieces fit in one minibatch, the recipe runs
+    # the loss on the [envs, steps] batch as collected instead of the slice
+    # sampler's padded sample of all its pieces: same loss, same gradient
+    recurrent_ppo = _recipe_module()
     from tensordict.nn import TensorDictSequential
 
     from torchrl.collectors import Collector
@@ -217,6 +222,19 @@ def test_bad_flags(flags, message):
     assert message in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize(
+    "flags, lr",
+    [
+        ([], 1e-3),
+        (["--policy", "mlp"], 1e-3),
+        (["--policy", "gtrxl"], 3e-4),
+        (["--policy", "gtrxl", "--lr", "1e-3"], 1e-3),
+    ],
+)
+def test_learning_rate_per_policy(flags, lr):
+    assert _recipe_module().parse_args(flags).lr == lr
+
+
 def test_help_explains_every_flag():
     proc = _run("--help", timeout=120)
     assert proc.returncode == 0
@@ -224,8 +242,21 @@ def test_help_explains_every_flag():
     source = RECIPE.read_text()
     declared = set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))
     assert declared and declared <= flags | {"--help"}
-    # every flag has its help text (the default is printed next to it)
-    assert proc.stdout.count("(default:") >= len(declared) - 2
+    # every flag's help gives its default, in argparse's words or its own,
+    # except the on/off flags' (their help says what they turn on or off)
+    switches = set(
+        re.findall(
+            r'add_argument\(\s*"(--[a-z-]+)",\s*action="store_(?:true|false)"', source
+        )
+    )
+    assert switches
+    blocks = re.split(r"\n(?=\s{2}(?:-[a-z], )?--[a-z])", proc.stdout)[1:]
+    for block in blocks:
+        flag = re.match(r"\s+(?:-[a-z], )?(--[a-z-]+)", block).group(1)
+        assert len(block.split()) > 3, block
+        if flag not in switches | {"--help"}:
+            assert "default" in block, block
+    assert len(blocks) == len(declared) + 1
     # a default resolved from other flags or the env is explained, not "None"
     assert "(default: None)" not in proc.stdout
     entropy = re.search(
