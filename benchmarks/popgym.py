@@ -140,6 +140,19 @@ def _settings(tasks: list[str], recipe_args: str) -> str:
     return f"Recipe defaults for POPGym ({'; '.join(sets)}){given}"
 
 
+def _learning_rates(models: list[str], recipe_args: str) -> str:
+    """The recipe's default learning rate of each model of the table, unless ``--lr`` is given."""
+    if "--lr" in shlex.split(recipe_args):
+        return ""
+    recipe = _recipe()
+    rates = []
+    for model in dict.fromkeys(models):
+        flags = MODELS[model]
+        policy = flags[flags.index("--policy") + 1] if "--policy" in flags else "rnn"
+        rates.append(f"{recipe.POLICY_LR[policy]} for {model}")
+    return f"; the learning rate (`--lr`) per model: {', '.join(rates)}"
+
+
 def _gtrxl_windows(tasks: list[str]) -> str:
     """The GTrXL windows of the table's tasks, if it has GTrXL runs."""
     if not tasks:
@@ -194,6 +207,7 @@ def write_table(results: dict, args, path: Path) -> None:
         + ".",
         "",
         _settings([task for task, _ in results], args.recipe_args)
+        + _learning_rates([model for _, model in results], args.recipe_args)
         + _gtrxl_windows([task for task, model in results if model == "gtrxl"])
         + ". The memory models get "
         "`--prev-action` (previous action and first-step flag, POPGym's usual "

@@ -274,6 +274,11 @@ def test_benchmark_quick(tmp_path):
         in (" ".join(text.split()))
     )
     assert "`--entropy-coef 0.05 --steps-per-env 64 --gamma 0.7` on" in text
+    rates = recurrent_ppo.POLICY_LR
+    assert (
+        f"the learning rate (`--lr`) per model: {rates['rnn']} for gru, "
+        f"{rates['gtrxl']} for gtrxl, {rates['mlp']} for mlp"
+    ) in " ".join(text.split())
     rows = [line for line in text.splitlines() if line.startswith("| R")]
     assert [row.split(" | ")[2] for row in rows] == ["gru", "gtrxl", "mlp"]
     for row in rows:
