@@ -420,6 +420,19 @@ def test_state_dict_round_trip():
     )
 
 
+def test_trains_after_an_inference_mode_call():
+    """A call in inference mode (an evaluation) leaves nothing that a training call cannot backpropagate through."""
+    gtrxl = _gtrxl()
+    (batch,) = _collect(gtrxl, frames_per_batch=40)
+    with torch.inference_mode():
+        _recurrent(gtrxl, batch)
+    _recurrent(gtrxl, batch).sum().backward()
+    fresh = _gtrxl()
+    _recurrent(fresh, batch).sum().backward()
+    for param, reference in zip(gtrxl.parameters(), fresh.parameters()):
+        torch.testing.assert_close(param.grad, reference.grad)
+
+
 class TestBadInput:
     def test_heads_must_divide_embed_dim(self):
         with pytest.raises(ValueError, match="embed_dim.*divisible by num_heads"):

@@ -100,28 +100,43 @@ class _GTrXLLayer(nn.Module):
         self.gate_mlp = _GRUGate(embed_dim, gate_bias, device=device)
 
     def forward(
-        self, x: Tensor, memory: Tensor, distance: Tensor, allowed: Tensor
+        self, x: Tensor, memory: Tensor, distance: Tensor, mask: Tensor
     ) -> Tensor:
-        """``x``: ``[S, T, D]``; ``memory``: ``[S, M, D]``; ``distance``: ``[T, M + T]``; ``allowed``: ``[S, T, M + T]``."""
+        """Runs the layer on ``S`` slices of ``T`` steps.
+
+        Args:
+            x: the ``[S, T, D]`` layer input.
+            memory: the ``[S, M, D]`` memory of the layer.
+            distance: ``[M + T, T]``, from each key (the memory entries, then
+                the steps) to each step, clamped to ``0..M``.
+            mask: ``[S, 1, M + T, T]``, 0 where a step attends to a key and
+                ``-inf`` elsewhere.
+        """
         batch, steps, dim = x.shape
-        heads = self.num_heads
+        heads, head_dim = self.num_heads, dim // self.num_heads
         normed = self.norm_attn(torch.cat([memory, x], 1))
         query = self.query(normed[:, -steps:])
         key, value = self.key_value(normed).chunk(2, -1)
 
         def split(t: Tensor) -> Tensor:
-            return t.unflatten(-1, (heads, dim // heads)).transpose(1, 2)
+            # [S, K, D] -> [S * heads, K, D // heads]
+            return t.unflatten(-1, (heads, head_dim)).transpose(1, 2).flatten(0, 1)
 
-        bias = self.position_bias[:, distance]
-        attn_mask = bias.masked_fill(~allowed.unsqueeze(1), -math.inf)
-        attended = F.scaled_dot_product_attention(
-            split(query),
-            split(key),
-            split(value),
-            attn_mask=attn_mask,
-            dropout_p=self.dropout if self.training else 0.0,
+        # softmax(q k^T / sqrt(d) + position bias + mask) v, written out with
+        # the logits transposed, [S * heads, M + T, T]: the bias is added inside
+        # the batched product, and no product (forward or gradient) but one has
+        # the few channels of a head as its columns, which MKL's batched gemm
+        # runs several times slower than the transpose. Fewer passes over the
+        # logits than scaled_dot_product_attention with the same float mask
+        # (benchmarks/transformer_memory.py times both).
+        bias = (self.position_bias[:, distance] + mask).flatten(0, 1)
+        logits = torch.baddbmm(
+            bias, split(key), split(query).transpose(1, 2), alpha=head_dim**-0.5
         )
-        attended = self.proj(attended.transpose(1, 2).flatten(-2))
+        weights = F.dropout(torch.softmax(logits, 1), self.dropout, self.training)
+        attended = torch.bmm(split(value).transpose(1, 2), weights)
+        attended = attended.unflatten(0, (batch, heads)).flatten(1, 2)
+        attended = self.proj(attended.transpose(1, 2))
         x = self.gate_attn(x, F.relu(attended))
         return self.gate_mlp(x, F.relu(self.mlp(self.norm_mlp(x))))
 
@@ -309,6 +324,7 @@ class GTrXLModule(ModuleBase):
         self.memory_len = memory_len
         self.mask_key = unravel_key(mask_key)
         self._recurrent_mode = default_recurrent_mode
+        self._position_cache = None
         self.embed = nn.Linear(input_size, embed_dim, device=device)
         self.layers = nn.ModuleList(
             _GTrXLLayer(
@@ -383,8 +399,8 @@ class GTrXLModule(ModuleBase):
 
     def _stored_memory(
         self, tensordict: TensorDictBase, batch: int, device
-    ) -> tuple[Tensor, Tensor]:
-        """The stored memory and count, as ``[batch, L, M, D]`` and ``[batch]``; zeros when absent."""
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """The stored memory and count, as ``[batch, L, M, D]`` and ``[batch]``; ``None`` when absent."""
         shape = (self.num_layers, self.memory_len, self.embed_dim)
         memory = tensordict.get(self.in_keys[1], None)
         count = tensordict.get(self.in_keys[2], None)
@@ -395,11 +411,7 @@ class GTrXLModule(ModuleBase):
                 "module's primer) or neither (each slice then starts empty)."
             )
         if memory is None:
-            dtype = self.embed.weight.dtype
-            return (
-                torch.zeros(batch, *shape, device=device, dtype=dtype),
-                torch.zeros(batch, dtype=torch.long, device=device),
-            )
+            return None, None
         if tuple(memory.shape[-3:]) != shape or count.shape[-1:] != (1,):
             raise ValueError(
                 f"The stored memory {self.in_keys[1]!r} has shape "
@@ -433,15 +445,12 @@ class GTrXLModule(ModuleBase):
         batch_shape = value.shape[:-1]
         num = batch_shape.numel()
         memory, count = self._stored_memory(tensordict, num, value.device)
-        if is_init is not None:
+        if is_init is not None and count is not None:
+            # an empty memory: its entries are then never attended, and zeroed
             reset = is_init.reshape(num).to(value.device, torch.bool)
-            memory = memory.masked_fill(reset.view(num, 1, 1, 1), 0.0)
             count = count.masked_fill(reset, 0)
         output, new_memory, new_count = self._attend(
-            value.reshape(num, 1, -1),
-            memory,
-            count,
-            lengths=torch.ones(num, dtype=torch.long, device=value.device),
+            value.reshape(num, 1, -1), memory, count
         )
         tensordict.set(self.out_keys[0], output.reshape(*batch_shape, -1))
         tensordict.set(
@@ -481,11 +490,13 @@ class GTrXLModule(ModuleBase):
         num_slices = split.num_slices
         if split.dense:
             starts = torch.arange(num_slices, device=device) * split.max_len
-            lengths = torch.full((num_slices,), split.max_len, device=device)
+            lengths = None
         else:
             starts, lengths = split.starts, split.lengths.to(device)
-        memory = stored_memory.index_select(0, starts)
-        count = stored_count.index_select(0, starts)
+        memory = count = None
+        if stored_memory is not None:
+            memory = stored_memory.index_select(0, starts)
+            count = stored_count.index_select(0, starts)
         if burn_in is not None:
             burn_in = split.pad(burn_in.reshape(numel).to(device, torch.bool))
         attendable = None
@@ -520,7 +531,7 @@ class GTrXLModule(ModuleBase):
         return tensordict
 
     def _rows_as_slices(
-        self, split: _SliceSplit, is_init: Tensor, stored_count: Tensor
+        self, split: _SliceSplit, is_init: Tensor, stored_count: Tensor | None
     ) -> bool:
         """Whether to run each row of ``is_init`` as one slice, its own slices told apart by the mask.
 
@@ -536,15 +547,39 @@ class GTrXLModule(ModuleBase):
             slices * length * (mem_len + length)
         ):
             return False
+        if stored_count is None:
+            return True
         return not stored_count.view(rows, steps)[:, 1:][is_init[:, 1:]].any()
+
+    def _positions(self, steps: int, device) -> tuple[Tensor, Tensor, Tensor]:
+        """The time of each step, the clamped distance from each key to each step and which keys are in its window.
+
+        The keys are the ``memory_len`` memory entries then the ``steps`` steps
+        of a slice; their position relative to the slice's first step is
+        ``-memory_len..steps-1``. The last call's tensors are kept: a
+        collection step asks for the same ones every time.
+        """
+        key = (steps, device)
+        if self._position_cache is None or self._position_cache[0] != key:
+            mem_len = self.memory_len
+            # not inference tensors, even when the first call runs in inference
+            # mode: a training call saves the distance for the backward pass
+            with torch.inference_mode(False):
+                time = torch.arange(steps, device=device)
+                positions = torch.arange(mem_len + steps, device=device) - mem_len
+                distance = time - positions.unsqueeze(1)
+                window = (distance >= 0) & (distance <= mem_len)
+                distance = distance.clamp(0, mem_len)
+            self._position_cache = (key, (time, distance, window))
+        return self._position_cache[1]
 
     def _attend(
         self,
         value: Tensor,
-        memory: Tensor,
-        count: Tensor,
+        memory: Tensor | None,
+        count: Tensor | None,
         *,
-        lengths: Tensor,
+        lengths: Tensor | None = None,
         attendable: Tensor | None = None,
         burn_in: Tensor | None = None,
         final_memory: bool = True,
@@ -554,9 +589,11 @@ class GTrXLModule(ModuleBase):
 
         Args:
             value: the ``[S, T, input_size]`` input, real steps first.
-            memory: the ``[S, L, M, D]`` memory at the slice starts.
+            memory: the ``[S, L, M, D]`` memory at the slice starts, or ``None``
+                (with ``count``): an empty one.
             count: the ``[S]`` number of valid (most recent) memory entries.
-            lengths: the ``[S]`` number of real steps of each slice.
+            lengths: the ``[S]`` number of real steps of each slice; ``None``:
+                all ``T`` are real.
             attendable: ``[S, T]``, ``False`` on rows never to attend (padding).
             burn_in: ``[S, T]``, ``True`` on the burn-in rows, run without gradient.
             final_memory: whether to return the memory after each slice.
@@ -572,31 +609,41 @@ class GTrXLModule(ModuleBase):
         num_slices, steps = value.shape[:2]
         mem_len = self.memory_len
         device = value.device
-        # position of the keys (memory entries, then the slice's steps) relative
-        # to the slice's first step, and their distance to each query step
-        time = torch.arange(steps, device=device)
-        positions = torch.arange(mem_len + steps, device=device) - mem_len
-        distance = time.unsqueeze(1) - positions
-        window = (distance >= 0) & (distance <= mem_len)
+        dtype = self.embed.weight.dtype
+        if memory is None:
+            memory = torch.zeros(
+                num_slices,
+                self.num_layers,
+                mem_len,
+                self.embed_dim,
+                device=device,
+                dtype=dtype,
+            )
+            count = torch.zeros(num_slices, dtype=torch.long, device=device)
+        time, distance, window = self._positions(steps, device)
         valid = torch.arange(mem_len, device=device) >= (mem_len - count).unsqueeze(1)
         # entries older than the episode are never attended: zeros, whatever is stored
         memory = memory.masked_fill(~valid.view(num_slices, 1, mem_len, 1), 0.0)
-        real = time < lengths.unsqueeze(1)
+        real = None if lengths is None else time < lengths.unsqueeze(1)
         if attendable is not None:
-            real = real & attendable
+            real = attendable if real is None else real & attendable
             # whatever padded rows hold (a weight of 0 times a NaN is NaN), they
             # enter as zeros, and a slice that starts on padding has no memory
             value = value.masked_fill(~attendable.unsqueeze(-1), 0.0)
             count = count.masked_fill(~attendable[:, 0], 0)
-        allowed = window & torch.cat([valid, real], 1).unsqueeze(1)
+        if real is None:
+            real = valid.new_ones(num_slices, steps)
+        # [S, M + T, T]: whether each step attends to each key
+        allowed = window & torch.cat([valid, real], 1).unsqueeze(-1)
         if segment is not None:
-            first = (segment == 0).unsqueeze(-1).expand(-1, -1, mem_len)
+            first = (segment == 0).unsqueeze(1).expand(-1, mem_len, -1)
             same = segment.unsqueeze(-1) == segment.unsqueeze(1)
-            allowed = allowed & torch.cat([first, same], -1)
-        # every step attends to itself (a padding row too, so that no row of
-        # the softmax is empty)
-        allowed = allowed | (distance == 0)
-        distance = distance.clamp(0, mem_len)
+            allowed = allowed & torch.cat([first, same], 1)
+        # every step attends to itself (a padding row too, so that no column
+        # of the softmax is empty)
+        allowed[:, mem_len:].diagonal(dim1=1, dim2=2).fill_(True)
+        mask = torch.zeros(allowed.shape, device=device, dtype=dtype)
+        mask = mask.masked_fill_(~allowed, -math.inf).unsqueeze(1)
         hidden = self.embed(value)
         layer_inputs = []
         for i, layer in enumerate(self.layers):
@@ -605,23 +652,21 @@ class GTrXLModule(ModuleBase):
             if attendable is not None:
                 hidden = hidden.masked_fill(~attendable.unsqueeze(-1), 0.0)
             layer_inputs.append(hidden)
-            hidden = layer(hidden, memory[:, i], distance, allowed)
+            hidden = layer(hidden, memory[:, i], distance, mask)
         output = self.norm_out(hidden)
         if burn_in is not None:
             output = torch.where(burn_in.unsqueeze(-1), output.detach(), output)
         if not final_memory:
             return output, None, None
         # the last memory_len inputs of each layer up to the slice's last real step
-        index = lengths.view(-1, 1, 1) + torch.arange(mem_len, device=device).view(
-            1, -1, 1
-        )
-        index = index.expand(-1, -1, self.embed_dim)
-        new_memory = torch.stack(
-            [
-                torch.cat([memory[:, i], inputs], 1).gather(1, index)
-                for i, inputs in enumerate(layer_inputs)
-            ],
-            1,
-        )
+        new_memory = torch.cat([memory, torch.stack(layer_inputs, 1)], 2)
+        if lengths is None:
+            new_memory = new_memory[:, :, steps:]
+            lengths = steps
+        else:
+            index = lengths.view(-1, 1, 1, 1) + torch.arange(
+                mem_len, device=device
+            ).view(1, 1, -1, 1)
+            new_memory = new_memory.gather(2, index.expand_as(memory))
         new_count = (count + lengths).clamp_max(mem_len)
         return output, new_memory, new_count
