@@ -7,12 +7,14 @@
 * **recurrent mode** (forward + backward, and forward without gradients): the
   module on a flat sample of 64 slices x 32 steps (``"is_init"`` at every
   slice start, the memory stored at every row, as a slice sampler returns it)
-  over a bare reference that runs the same layers, with the same parameters,
-  on the same rows already laid out as ``[64, 32]``, from the memory already
+  over a bare reference that does the same math with the same parameters on
+  the same rows already laid out as ``[64, 32]``, from the memory already
   gathered at the slice starts, with the attention mask and the position
-  indices precomputed (``scaled_dot_product_attention`` with a float mask,
-  as the module): the ratio is what the module's layout work costs (finding
-  the slices, gathering the memory, building the mask).
+  indices precomputed, its attention ``scaled_dot_product_attention`` with
+  the float mask (position bias + mask) of each layer. A second ratio takes
+  as the reference the module's own layers on the rows laid out beforehand:
+  what the module's layout work costs (finding the slices, gathering the
+  memory, building the mask) apart from how it writes the attention.
 * **collected batch** (forward + backward): a ``[16, 64]`` batch as a
   collector returns it, whose 51-step episodes (CountRecallEasy's) end
   inside the rows, with the memory stored at every row (empty at the
@@ -36,10 +38,12 @@ the median ratio of ``--rounds`` independent rounds is printed.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 
 import _harness
 import torch
+import torch.nn.functional as F
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 
@@ -107,20 +111,52 @@ def _collected_batch() -> TensorDict:
     )
 
 
-def _bare(module: GTrXLModule, sample: TensorDict):
-    """The same layers on the rows laid out beforehand, with the mask precomputed."""
+def _bare(module: GTrXLModule, sample: TensorDict, sdpa: bool):
+    """The same math on the rows laid out beforehand, with the mask precomputed.
+
+    ``sdpa``: each layer's attention as ``scaled_dot_product_attention`` with
+    the float mask, the rest of the layer as the module's; else the module's
+    layers as they are.
+    """
     value = sample["obs"].view(NUM_SLICES, STEPS, INPUT_SIZE)
     memory = sample["recurrent_state_memory"][::STEPS]
     time_ = torch.arange(STEPS)
     positions = torch.arange(MEMORY_LEN + STEPS) - MEMORY_LEN
-    distance = time_.unsqueeze(1) - positions
-    allowed = ((distance >= 0) & (distance <= MEMORY_LEN)).expand(NUM_SLICES, -1, -1)
+    distance = time_.unsqueeze(1) - positions  # [steps, keys]
+    allowed = (distance >= 0) & (distance <= MEMORY_LEN)
+    mask = torch.zeros(allowed.shape).masked_fill(~allowed, -math.inf)
     distance = distance.clamp(0, MEMORY_LEN)
+
+    def sdpa_layer(layer, x, memory):
+        heads = layer.num_heads
+        normed = layer.norm_attn(torch.cat([memory, x], 1))
+        query = layer.query(normed[:, -STEPS:])
+        key, value = layer.key_value(normed).chunk(2, -1)
+
+        def split(t):
+            return t.unflatten(-1, (heads, EMBED_DIM // heads)).transpose(1, 2)
+
+        attended = F.scaled_dot_product_attention(
+            split(query),
+            split(key),
+            split(value),
+            attn_mask=layer.position_bias[:, distance] + mask,
+        )
+        attended = layer.proj(attended.transpose(1, 2).flatten(-2))
+        x = layer.gate_attn(x, F.relu(attended))
+        return layer.gate_mlp(x, F.relu(layer.mlp(layer.norm_mlp(x))))
+
+    # the module's layers take the transposed (key-major) layout
+    key_distance = distance.t().contiguous()
+    key_mask = mask.t().expand(NUM_SLICES, 1, -1, -1)
 
     def run():
         hidden = module.embed(value)
         for i, layer in enumerate(module.layers):
-            hidden = layer(hidden, memory[:, i], distance, allowed)
+            if sdpa:
+                hidden = sdpa_layer(layer, hidden, memory[:, i])
+            else:
+                hidden = layer(hidden, memory[:, i], key_distance, key_mask)
         return module.norm_out(hidden)
 
     return run
@@ -129,7 +165,8 @@ def _bare(module: GTrXLModule, sample: TensorDict):
 def _round(repeat: int) -> dict:
     module = _module()
     sample = _sample()
-    bare = _bare(module, sample)
+    bare = _bare(module, sample, sdpa=True)
+    layers = _bare(module, sample, sdpa=False)
 
     def module_forward():
         with set_recurrent_mode(True):
@@ -149,9 +186,13 @@ def _round(repeat: int) -> dict:
         return wrapped
 
     torch.testing.assert_close(module_forward(), bare().flatten(0, 1))
+    torch.testing.assert_close(module_forward(), layers().flatten(0, 1))
     row = {
         "fwd+bwd": _harness.alternate(backward(module_forward), backward(bare), repeat),
         "no-grad": _harness.alternate(no_grad(module_forward), no_grad(bare), repeat),
+        "layout fwd+bwd": _harness.alternate(
+            backward(module_forward), backward(layers), repeat
+        ),
     }
     batch = _collected_batch()
     apart = _module()
@@ -255,8 +296,12 @@ def main(argv: list[str] | None = None) -> dict:
         f"{NUM_ENVS} envs): median time ratio over {args.rounds} rounds"
     )
     print(
-        "recurrent mode / bare masked attention: "
+        "recurrent mode / bare masked attention (scaled_dot_product_attention): "
         + ", ".join(f"{col} {result[col]:.3f}" for col in ("fwd+bwd", "no-grad"))
+    )
+    print(
+        "recurrent mode / its own layers on the rows laid out beforehand: "
+        f"fwd+bwd {result['layout fwd+bwd']:.3f}"
     )
     print(
         f"collected [{NUM_ENVS}, {ROW_STEPS}] batch, {EPISODE}-step episodes, "
