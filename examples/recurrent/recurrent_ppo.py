@@ -1120,7 +1120,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         loss_critic_type="l2",
         normalize_advantage=args.normalize_advantage,
     )
-    optim = torch.optim.Adam(loss_fn.parameters(), lr=args.lr, eps=1e-5)
+    # foreach: the same updates as the per-parameter loop (bit for bit), in
+    # fewer calls: the loop's overhead is felt at 20 epochs of a small network
+    optim = torch.optim.Adam(loss_fn.parameters(), lr=args.lr, eps=1e-5, foreach=True)
 
     # The recurrent state after each step, ("next", <state>), carries the state
     # from one step to the next in collection (and GAE reads the batch): the
