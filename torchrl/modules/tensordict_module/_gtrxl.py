@@ -610,6 +610,7 @@ class GTrXLModule(ModuleBase):
         mem_len = self.memory_len
         device = value.device
         dtype = self.embed.weight.dtype
+        time, distance, window = self._positions(steps, device)
         if memory is None:
             memory = torch.zeros(
                 num_slices,
@@ -620,10 +621,12 @@ class GTrXLModule(ModuleBase):
                 dtype=dtype,
             )
             count = torch.zeros(num_slices, dtype=torch.long, device=device)
-        time, distance, window = self._positions(steps, device)
-        valid = torch.arange(mem_len, device=device) >= (mem_len - count).unsqueeze(1)
-        # entries older than the episode are never attended: zeros, whatever is stored
-        memory = memory.masked_fill(~valid.view(num_slices, 1, mem_len, 1), 0.0)
+            valid = torch.zeros(num_slices, mem_len, dtype=torch.bool, device=device)
+        else:
+            oldest = (mem_len - count).unsqueeze(1)
+            valid = torch.arange(mem_len, device=device) >= oldest
+            # entries older than the episode are never attended: zeros, whatever is stored
+            memory = memory.masked_fill(~valid.view(num_slices, 1, mem_len, 1), 0.0)
         real = None if lengths is None else time < lengths.unsqueeze(1)
         if attendable is not None:
             real = attendable if real is None else real & attendable
